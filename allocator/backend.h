@@ -1,0 +1,58 @@
+// The interface between the allocator core and the device it manages memory on.
+//
+// The core never talks to CUDA. Two implementations exist: the simulated backend
+// (allocator/sim_backend.h: host memory, streams whose work runs later) used by every unit
+// test, replay and fuzzer, and the driver backend (shim/driver_backend.h) for real devices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "allocator/types.h"
+
+namespace cudalloc {
+
+// A point in a stream's (or every stream's) queue. Completes once all work queued before it ran.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  // Non-blocking. A backend that can no longer tell (driver gone) reports true.
+  virtual bool done() = 0;
+  // Blocks until done().
+  virtual void wait() = 0;
+};
+
+// Handle of physical memory created for virtual-memory (expandable) segments.
+using PhysicalHandle = std::uint64_t;
+
+class SegmentBackend {
+ public:
+  virtual ~SegmentBackend() = default;
+
+  // --- plain segments (cuMemAlloc / cuMemFree)
+  virtual Status allocate_segment(std::size_t bytes, DevicePtr* out) = 0;
+  // Returns the memory to the device. Callers fence first; the backend does not wait.
+  virtual Status free_segment(DevicePtr ptr, std::size_t bytes) = 0;
+
+  // --- ordering
+  // A fence after all work queued so far on `stream`.
+  virtual std::unique_ptr<Fence> record_fence(StreamHandle stream) = 0;
+  // A fence after all work queued so far on every stream of the device.
+  virtual std::unique_ptr<Fence> record_device_fence() = 0;
+
+  // --- device facts
+  virtual std::size_t total_memory() const = 0;
+
+  // --- virtual memory (expandable segments)
+  virtual bool supports_virtual_memory() const { return false; }
+  virtual std::size_t vm_granularity() const { return 2 * kMiB; }
+  virtual Status reserve_address(std::size_t /*bytes*/, DevicePtr* /*out*/) { return Status::kBackendError; }
+  virtual Status free_address(DevicePtr /*base*/, std::size_t /*bytes*/) { return Status::kBackendError; }
+  // create + map + set access of [va, va+bytes); rolls back what it did on failure.
+  virtual Status map(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
+  // unmap + release of [va, va+bytes), which was mapped by map() calls covering it exactly.
+  virtual Status unmap(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,95 @@
+// The caching allocator of one device: size classes, block pools, segments, fences, the
+// out-of-memory ladder and the statistics. Backend-agnostic (see backend.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "allocator/backend.h"
+#include "allocator/events.h"
+#include "allocator/memory_stats.h"
+#include "allocator/oom_report.h"
+#include "allocator/options.h"
+#include "allocator/types.h"
+
+namespace cudalloc {
+
+// How a freed block may be reused.
+enum class FreeOrder {
+  // cudaFreeAsync(ptr, stream): reusable at once on `stream` if the block belongs to it;
+  // elsewhere once the work queued on `stream` before the free has run.
+  kStream,
+  // cudaFree(ptr): reusable once all work queued on any stream before the free has run.
+  kDevice,
+  // The caller has synchronized the device: reusable at once, everywhere.
+  kCompleted,
+};
+
+struct AllocationInfo {
+  DevicePtr base = 0;           // the block's start, as handed to the program
+  std::size_t size = 0;         // rounded size of the block
+  std::size_t requested = 0;    // what the program asked for
+  StreamHandle stream = 0;      // the stream it was allocated for (kNoStream: cudaMalloc)
+  DevicePtr segment_base = 0;
+  std::size_t segment_size = 0;
+};
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device = 0);
+  // Gives nothing back to the device: at process exit the driver may already be gone.
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // bytes == 0 is kInvalidValue (the driver's answer); the runtime never gets here for 0.
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async = false);
+  // kInvalidValue for an unknown pointer, an interior pointer or a double free; the cache
+  // is left as it was.
+  Status free(DevicePtr ptr, FreeOrder order, StreamHandle stream = kNoStream, bool async = false);
+  // The block is also used on `stream`: its free waits for that stream too.
+  Status record_stream(DevicePtr ptr, StreamHandle stream);
+
+  // The live block containing `ptr` (interior pointers too).
+  std::optional<AllocationInfo> find(DevicePtr ptr) const;
+  // True if `ptr` lies in memory this allocator holds from the device (live, free or pending).
+  bool owns(DevicePtr ptr) const;
+
+  // Waits for pending frees and returns every idle segment to the device (empty_cache).
+  std::size_t release_cached();
+  // Forgets every block and segment without touching the device (the context is gone).
+  void forget_all();
+  // Waits for every pending free to become reusable.
+  void synchronize_pending();
+
+  MemoryStats stats() const;
+  void reset_peak_stats();
+  std::string summary() const;
+  std::optional<OomReport> last_oom() const;
+
+  // Bytes held from the device that no live block uses (free, or waiting on a fence).
+  std::size_t cached_bytes() const;
+  std::size_t memory_limit() const;
+  void set_memory_limit(std::size_t bytes);  // 0 = back to the configured limit
+  const AllocatorOptions& options() const { return options_; }
+  int device() const { return device_; }
+
+  // Not owned. Set before use; called under the device lock.
+  void set_observer(AllocatorObserver* observer) { observer_ = observer; }
+
+  struct Impl;
+
+ private:
+  SegmentBackend& backend_;
+  AllocatorOptions options_;
+  int device_;
+  AllocatorObserver* observer_ = nullptr;
+  mutable std::mutex mutex_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cudalloc

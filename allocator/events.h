@@ -1,0 +1,46 @@
+// What the allocator tells an observer (the trace writer, statistics exporters).
+// Observers are called on the allocating thread, sometimes under the device lock: they must
+// only copy the record somewhere and return.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/types.h"
+
+namespace cudalloc {
+
+enum class EventKind : std::uint8_t {
+  kAlloc,             // a block handed to the program
+  kFree,              // a block given back by the program
+  kSegmentAlloc,      // a segment (or expandable-segment pages) obtained from the device
+  kSegmentFree,       // a segment (or pages) given back to the device
+  kCacheRelease,      // an explicit or pressure-driven release of cached memory finished
+  kOom,               // an allocation failed after the whole ladder
+  kPassthroughAlloc,  // no-caching mode: the device allocated directly
+  kPassthroughFree,
+};
+
+const char* to_string(EventKind k);
+
+struct AllocatorEvent {
+  EventKind kind;
+  bool async = false;      // cudaMallocAsync / cudaFreeAsync
+  bool cache_hit = false;  // kAlloc: served from cached memory without a device call
+  Status result = Status::kOk;
+  int device = 0;
+  StreamHandle stream = 0;
+  DevicePtr ptr = 0;
+  std::size_t requested = 0;
+  std::size_t rounded = 0;
+  std::size_t allocated_after = 0;
+  std::size_t reserved_after = 0;
+};
+
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  virtual void on_event(const AllocatorEvent& event) noexcept = 0;
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,69 @@
+// Allocator statistics, named as PyTorch's torch.cuda.memory_stats() names them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace cudalloc {
+
+// current / peak / cumulative allocated / cumulative freed, as PyTorch's Stat.
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+};
+
+enum class PoolKind : std::uint8_t { kSmall, kLarge };
+
+// Index into StatArray: all, small_pool, large_pool.
+inline constexpr std::size_t kStatAll = 0;
+inline constexpr std::size_t kStatTypes = 3;
+inline std::size_t stat_index(PoolKind p) { return p == PoolKind::kSmall ? 1 : 2; }
+
+using StatArray = std::array<Stat, kStatTypes>;
+
+struct MemoryStats {
+  StatArray allocation;              // number of live blocks
+  StatArray segment;                 // number of segments
+  StatArray active;                  // blocks allocated or waiting on a fence
+  StatArray inactive_split;          // free blocks inside segments that also hold other blocks
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  std::int64_t num_cache_hits = 0;    // allocations served without a device call
+  std::int64_t num_cache_misses = 0;  // allocations that made a segment
+  std::int64_t oversize_allocations = 0;
+  std::int64_t oversize_segments = 0;
+
+  // Keys as torch.cuda.memory_stats(): "allocated_bytes.all.current" and so on.
+  std::map<std::string, std::int64_t> to_map() const;
+  void reset_peaks();
+};
+
+// A torch.cuda.memory_summary()-style table.
+std::string format_memory_summary(const MemoryStats& stats, int device, std::size_t limit_bytes);
+
+// "1.50 GiB", "512 B"
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace cudalloc

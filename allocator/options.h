@@ -1,0 +1,32 @@
+// The allocator's policy knobs. config/ fills them from CUDALLOC_CONF; tests set them directly.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <limits>
+
+#include "allocator/types.h"
+
+namespace cudalloc {
+
+// roundup_power2_divisions is kept per power-of-two size interval, as PyTorch does:
+// index 0 covers sizes below 1 MiB... up to 1 MiB, index i covers [2^(19+i), 2^(20+i)) bytes,
+// the last index covers everything from 32 GiB up.
+inline constexpr std::size_t kRoundupIntervals = 16;
+
+struct AllocatorOptions {
+  // Blocks of at least this size are never split. Max means "no limit" (PyTorch's default).
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // Fraction (0, 1) of the memory limit past which idle segments are released before new
+  // ones are made. 0 disables.
+  double garbage_collection_threshold = 0.0;
+  // 0 or 1: plain 512-byte rounding in that interval.
+  std::array<std::size_t, kRoundupIntervals> roundup_power2_divisions{};
+  bool expandable_segments = false;
+  // Fraction of the device's total memory the process may reserve. 1 = all.
+  double per_process_memory_fraction = 1.0;
+  // Absolute cap on reserved bytes. 0 = none.
+  std::size_t memory_limit_bytes = 0;
+};
+
+}  // namespace cudalloc

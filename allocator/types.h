@@ -1,0 +1,33 @@
+// Plain value types shared by the allocator core and its backends.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cudalloc {
+
+using DevicePtr = std::uintptr_t;
+
+// An opaque stream handle, as the backend understands it (a CUstream for the driver backend).
+// 0 is the legacy default stream.
+using StreamHandle = std::uintptr_t;
+
+// Blocks handed out by cudaMalloc-style calls belong to no stream: they may be used on any
+// stream, so they are only reused once every stream has passed their free (a device fence).
+inline constexpr StreamHandle kNoStream = ~StreamHandle{0};
+
+enum class Status {
+  kOk,
+  kInvalidValue,   // bad size, unknown or interior pointer, double free
+  kOutOfMemory,
+  kBackendError,   // the device reported something else
+  kDeinitialized,  // the driver is shutting down (process exit)
+};
+
+const char* to_string(Status s);
+
+inline constexpr std::size_t kKiB = 1024;
+inline constexpr std::size_t kMiB = 1024 * kKiB;
+inline constexpr std::size_t kGiB = 1024 * kMiB;
+
+}  // namespace cudalloc

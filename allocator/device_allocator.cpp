@@ -1,1 +1,468 @@
-// placeholder
+#include "allocator/device_allocator.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "allocator/block_pool.h"
+#include "allocator/segment_table.h"
+#include "allocator/size_classes.h"
+#include "allocator/stream_fence.h"
+
+namespace cudalloc {
+
+// Everything below runs under DeviceAllocator::mutex_.
+struct DeviceAllocator::Impl {
+  Impl(SegmentBackend& b, const AllocatorOptions& o, int dev)
+      : backend(b), options(o), sizes(o), device(dev) {}
+
+  SegmentBackend& backend;
+  const AllocatorOptions& options;
+  SizeClasses sizes;
+  int device;
+  AllocatorObserver* observer = nullptr;
+
+  BlockPool small_pool;
+  BlockPool large_pool;
+  SegmentTable segments;
+  FenceQueue fences;
+  std::unordered_map<DevicePtr, Block*> live;
+  MemoryStats stats;
+  std::optional<OomReport> last_oom;
+  std::size_t limit_override = 0;
+  std::uint64_t tick = 0;
+
+  BlockPool& pool(PoolKind kind) { return kind == PoolKind::kSmall ? small_pool : large_pool; }
+
+  std::size_t limit() const {
+    if (limit_override != 0) return limit_override;
+    const std::size_t total = backend.total_memory();
+    std::size_t limit = total;
+    if (options.per_process_memory_fraction < 1.0) {
+      limit = static_cast<std::size_t>(static_cast<double>(total) * options.per_process_memory_fraction);
+    }
+    if (options.memory_limit_bytes != 0) limit = std::min(limit, options.memory_limit_bytes);
+    return limit;
+  }
+
+  std::size_t reserved() const { return segments.bytes(); }
+  std::size_t allocated() const {
+    return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current);
+  }
+
+  void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
+              std::size_t rounded, Status result = Status::kOk, bool async = false,
+              bool hit = false) {
+    if (observer == nullptr) return;
+    AllocatorEvent e{};
+    e.kind = kind;
+    e.async = async;
+    e.cache_hit = hit;
+    e.result = result;
+    e.device = device;
+    e.stream = stream;
+    e.ptr = ptr;
+    e.requested = requested;
+    e.rounded = rounded;
+    e.allocated_after = allocated();
+    e.reserved_after = reserved();
+    observer->on_event(e);
+  }
+
+  template <typename F>
+  void update(StatArray& array, PoolKind kind, F&& op) {
+    op(array[kStatAll]);
+    op(array[stat_index(kind)]);
+  }
+  void add(StatArray& a, PoolKind k, std::int64_t n) { update(a, k, [n](Stat& s) { s.increase(n); }); }
+  void sub(StatArray& a, PoolKind k, std::int64_t n) { update(a, k, [n](Stat& s) { s.decrease(n); }); }
+
+  // --- pools (they track the inactive-split statistics)
+  void pool_insert(Block* b) {
+    b->state = BlockState::kFree;
+    if (b->is_split()) {
+      add(stats.inactive_split, b->segment->pool, 1);
+      add(stats.inactive_split_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
+    }
+    pool(b->segment->pool).insert(b);
+  }
+  void pool_erase(Block* b) {
+    pool(b->segment->pool).erase(b);
+    if (b->is_split()) {
+      sub(stats.inactive_split, b->segment->pool, 1);
+      sub(stats.inactive_split_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
+    }
+  }
+
+  // --- finding memory
+  Block* find_free(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+    BlockPool& p = pool(kind);
+    Block* b = p.best_fit(stream, rounded);
+    // Candidates come in increasing size, so when the smallest fitting block breaks the
+    // max_split_size rules every larger one does too.
+    if (b == nullptr || !sizes.may_serve(b->size, rounded)) return nullptr;
+    pool_erase(b);
+    return b;
+  }
+
+  // A free block becomes reusable: merge it with free neighbours and put it in its pool.
+  void release_block(Block* b) {
+    const PoolKind kind = b->segment->pool;
+    sub(stats.active, kind, 1);
+    sub(stats.active_bytes, kind, static_cast<std::int64_t>(b->size));
+    b->state = BlockState::kFree;
+    b->stream_uses.clear();
+    if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
+      pool_erase(prev);
+      prev->size += b->size;
+      prev->next = b->next;
+      if (b->next) b->next->prev = prev;
+      delete b;
+      b = prev;
+    }
+    if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
+      pool_erase(next);
+      b->size += next->size;
+      b->next = next->next;
+      if (next->next) next->next->prev = b;
+      delete next;
+    }
+    pool_insert(b);
+    if (b->segment->idle()) b->segment->idle_since = tick;
+  }
+
+  std::size_t collect_ready() {
+    return fences.collect([this](Block* b) { release_block(b); });
+  }
+  std::size_t wait_pending() {
+    return fences.wait_all(backend, [this](Block* b) { release_block(b); });
+  }
+
+  Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+    const std::size_t size = SizeClasses::segment_size(rounded);
+    if (size > limit() || reserved() > limit() - size) return nullptr;
+    DevicePtr base = 0;
+    if (backend.allocate_segment(size, &base) != Status::kOk) return nullptr;
+    Segment* s = segments.add(base, size, kind, stream);
+    ++stats.num_device_alloc;
+    add(stats.segment, kind, 1);
+    add(stats.reserved_bytes, kind, static_cast<std::int64_t>(size));
+    if (sizes.is_oversize(size)) ++stats.oversize_segments;
+    notify(EventKind::kSegmentAlloc, stream, base, size, size);
+    return s->first;
+  }
+
+  void free_segment(Segment* s) {
+    const PoolKind kind = s->pool;
+    const DevicePtr base = s->base;
+    const std::size_t size = s->size;
+    const StreamHandle stream = s->stream;
+    pool_erase(s->first);
+    backend.free_segment(base, size);
+    segments.remove(s);
+    ++stats.num_device_free;
+    sub(stats.segment, kind, 1);
+    sub(stats.reserved_bytes, kind, static_cast<std::int64_t>(size));
+    if (sizes.is_oversize(size)) --stats.oversize_segments;
+    notify(EventKind::kSegmentFree, stream, base, size, size);
+  }
+
+  template <typename Pred>
+  std::vector<Segment*> idle_segments(Pred&& pred) {
+    std::vector<Segment*> out;
+    segments.for_each([&](Segment* s) {
+      if (s->idle() && pred(s)) out.push_back(s);
+    });
+    return out;
+  }
+
+  std::size_t release_idle(std::vector<Segment*> victims) {
+    std::size_t released = 0;
+    for (Segment* s : victims) {
+      released += s->size;
+      free_segment(s);
+    }
+    return released;
+  }
+
+  // Garbage collection: above the threshold, give back the longest-idle segments first.
+  void collect_garbage() {
+    if (options.garbage_collection_threshold <= 0.0) return;
+    const auto target =
+        static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
+    if (reserved() <= target) return;
+    auto victims = idle_segments([](Segment*) { return true; });
+    std::sort(victims.begin(), victims.end(),
+              [](Segment* a, Segment* b) { return a->idle_since < b->idle_since; });
+    for (Segment* s : victims) {
+      if (reserved() <= target) break;
+      free_segment(s);
+    }
+  }
+
+  // Oversize idle blocks go back first: the best fitting one, else the largest ones until
+  // enough is free.
+  bool release_oversize(std::size_t rounded) {
+    if (options.max_split_size == std::numeric_limits<std::size_t>::max()) return false;
+    auto victims = idle_segments([this](Segment* s) { return sizes.is_oversize(s->size); });
+    if (victims.empty()) return false;
+    std::sort(victims.begin(), victims.end(), [](Segment* a, Segment* b) { return a->size < b->size; });
+    const std::size_t wanted = std::max(rounded, options.max_split_size);
+    auto fit = std::find_if(victims.begin(), victims.end(), [&](Segment* s) { return s->size >= wanted; });
+    if (fit != victims.end()) {
+      free_segment(*fit);
+      return true;
+    }
+    std::size_t released = 0;
+    while (!victims.empty() && released < wanted) {
+      released += victims.back()->size;
+      free_segment(victims.back());
+      victims.pop_back();
+    }
+    return true;
+  }
+
+  std::size_t release_everything_idle() {
+    wait_pending();
+    const std::size_t released = release_idle(idle_segments([](Segment*) { return true; }));
+    notify(EventKind::kCacheRelease, 0, 0, released, released);
+    return released;
+  }
+
+  // Hands `b` (free, out of its pool) to the program, splitting off what it does not need.
+  void take(Block* b, std::size_t requested, std::size_t rounded) {
+    const PoolKind kind = b->segment->pool;
+    if (sizes.should_split(b->size, rounded, kind)) {
+      auto* rest = new Block;
+      rest->ptr = b->ptr + rounded;
+      rest->size = b->size - rounded;
+      rest->stream = b->stream;
+      rest->segment = b->segment;
+      rest->prev = b;
+      rest->next = b->next;
+      if (b->next) b->next->prev = rest;
+      b->next = rest;
+      b->size = rounded;
+      pool_insert(rest);
+    }
+    b->state = BlockState::kAllocated;
+    b->requested = requested;
+    live.emplace(b->ptr, b);
+    add(stats.allocation, kind, 1);
+    add(stats.active, kind, 1);
+    add(stats.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
+    add(stats.active_bytes, kind, static_cast<std::int64_t>(b->size));
+    add(stats.requested_bytes, kind, static_cast<std::int64_t>(requested));
+    if (sizes.is_oversize(b->size)) ++stats.oversize_allocations;
+  }
+
+  OomReport make_oom_report(std::size_t requested, std::size_t rounded, StreamHandle stream) {
+    OomReport r;
+    r.device = device;
+    r.stream = stream;
+    r.requested = requested;
+    r.rounded = rounded;
+    r.limit = limit();
+    r.device_total = backend.total_memory();
+    r.allocated = allocated();
+    r.reserved = reserved();
+    r.largest_free_block = std::max(small_pool.largest(), large_pool.largest());
+    r.pending_free = fences.pending_bytes();
+    r.free_fragmented = small_pool.bytes() + large_pool.bytes();
+    return r;
+  }
+
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+    *out = 0;
+    if (bytes == 0) return Status::kInvalidValue;
+    ++tick;
+    // Past this, rounding would overflow; no device has that much memory anyway.
+    constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
+    const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
+    const PoolKind kind = SizeClasses::pool_for(rounded);
+
+    bool hit = true;
+    Block* b = bytes > kMaxRequest ? nullptr : find_free(stream, rounded, kind);
+    if (b == nullptr && bytes <= kMaxRequest) {
+      if (collect_ready() > 0) b = find_free(stream, rounded, kind);
+      if (b == nullptr && fences.epoch_open()) {
+        fences.close_epoch(backend);
+        if (collect_ready() > 0) b = find_free(stream, rounded, kind);
+      }
+      if (b == nullptr) {
+        hit = false;
+        collect_garbage();
+        b = new_segment(stream, rounded, kind);
+      }
+      if (b == nullptr && release_oversize(rounded)) b = new_segment(stream, rounded, kind);
+      if (b == nullptr) {
+        ++stats.num_alloc_retries;
+        release_everything_idle();
+        b = new_segment(stream, rounded, kind);
+      }
+    }
+    if (b == nullptr) {
+      ++stats.num_ooms;
+      last_oom = make_oom_report(bytes, rounded, stream);
+      notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
+      return Status::kOutOfMemory;
+    }
+    take(b, bytes, rounded);
+    if (hit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
+    *out = b->ptr;
+    notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, hit);
+    return Status::kOk;
+  }
+
+  Status free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+    auto it = live.find(ptr);
+    if (it == live.end()) return Status::kInvalidValue;
+    Block* b = it->second;
+    live.erase(it);
+    const PoolKind kind = b->segment->pool;
+    sub(stats.allocation, kind, 1);
+    sub(stats.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
+    sub(stats.requested_bytes, kind, static_cast<std::int64_t>(b->requested));
+    const std::size_t requested = b->requested;
+    const std::size_t size = b->size;
+    b->state = BlockState::kPending;
+
+    switch (order) {
+      case FreeOrder::kCompleted:
+        release_block(b);
+        break;
+      case FreeOrder::kDevice:
+        fences.defer_to_epoch(b);
+        break;
+      case FreeOrder::kStream: {
+        // Work on the block's own stream is ordered before its next use there; work on the
+        // freeing stream and on recorded extra streams is not.
+        std::vector<StreamHandle> uses = std::move(b->stream_uses);
+        b->stream_uses.clear();
+        if (stream != b->stream && std::find(uses.begin(), uses.end(), stream) == uses.end()) {
+          uses.push_back(stream);
+        }
+        if (uses.empty()) {
+          release_block(b);
+        } else {
+          for (StreamHandle s : uses) fences.add(backend.record_fence(s), b);
+        }
+        break;
+      }
+    }
+    notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
+    return Status::kOk;
+  }
+};
+
+DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
+    : backend_(backend), options_(options), device_(device),
+      impl_(std::make_unique<Impl>(backend_, options_, device)) {}
+
+DeviceAllocator::~DeviceAllocator() = default;
+
+Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+  std::lock_guard lock(mutex_);
+  return impl_->allocate(bytes, stream, out, async);
+}
+
+Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+  std::lock_guard lock(mutex_);
+  return impl_->free(ptr, order, stream, async);
+}
+
+Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
+  std::lock_guard lock(mutex_);
+  auto it = impl_->live.find(ptr);
+  if (it == impl_->live.end()) return Status::kInvalidValue;
+  Block* b = it->second;
+  if (stream != b->stream &&
+      std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+  return Status::kOk;
+}
+
+void DeviceAllocator::set_observer(AllocatorObserver* observer) {
+  std::lock_guard lock(mutex_);
+  impl_->observer = observer;
+}
+
+std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
+  std::lock_guard lock(mutex_);
+  const Segment* s = impl_->segments.containing(ptr);
+  if (s == nullptr) return std::nullopt;
+  const Block* b = SegmentTable::block_containing(*s, ptr);
+  if (b == nullptr || b->state != BlockState::kAllocated) return std::nullopt;
+  return AllocationInfo{b->ptr, b->size, b->requested, b->stream, s->base, s->size};
+}
+
+bool DeviceAllocator::owns(DevicePtr ptr) const {
+  std::lock_guard lock(mutex_);
+  return impl_->segments.containing(ptr) != nullptr;
+}
+
+std::size_t DeviceAllocator::release_cached() {
+  std::lock_guard lock(mutex_);
+  return impl_->release_everything_idle();
+}
+
+void DeviceAllocator::synchronize_pending() {
+  std::lock_guard lock(mutex_);
+  impl_->wait_pending();
+}
+
+void DeviceAllocator::forget_all() {
+  std::lock_guard lock(mutex_);
+  Impl& m = *impl_;
+  m.fences.clear();
+  m.live.clear();
+  m.small_pool = BlockPool{};
+  m.large_pool = BlockPool{};
+  m.segments.clear();
+  MemoryStats fresh;
+  fresh.num_alloc_retries = m.stats.num_alloc_retries;
+  fresh.num_ooms = m.stats.num_ooms;
+  fresh.num_device_alloc = m.stats.num_device_alloc;
+  fresh.num_device_free = m.stats.num_device_free;
+  fresh.num_cache_hits = m.stats.num_cache_hits;
+  fresh.num_cache_misses = m.stats.num_cache_misses;
+  m.stats = fresh;
+}
+
+MemoryStats DeviceAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return impl_->stats;
+}
+
+void DeviceAllocator::reset_peak_stats() {
+  std::lock_guard lock(mutex_);
+  impl_->stats.reset_peaks();
+}
+
+std::string DeviceAllocator::summary() const {
+  std::lock_guard lock(mutex_);
+  return format_memory_summary(impl_->stats, device_, impl_->limit());
+}
+
+std::optional<OomReport> DeviceAllocator::last_oom() const {
+  std::lock_guard lock(mutex_);
+  return impl_->last_oom;
+}
+
+std::size_t DeviceAllocator::cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return impl_->reserved() - impl_->allocated();
+}
+
+std::size_t DeviceAllocator::memory_limit() const {
+  std::lock_guard lock(mutex_);
+  return impl_->limit();
+}
+
+void DeviceAllocator::set_memory_limit(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  impl_->limit_override = bytes;
+}
+
+}  // namespace cudalloc

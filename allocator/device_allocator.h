@@ -78,8 +78,8 @@ class DeviceAllocator {
   const AllocatorOptions& options() const { return options_; }
   int device() const { return device_; }
 
-  // Not owned. Set before use; called under the device lock.
-  void set_observer(AllocatorObserver* observer) { observer_ = observer; }
+  // Not owned; called under the device lock. Null to stop.
+  void set_observer(AllocatorObserver* observer);
 
   struct Impl;
 
@@ -87,7 +87,6 @@ class DeviceAllocator {
   SegmentBackend& backend_;
   AllocatorOptions options_;
   int device_;
-  AllocatorObserver* observer_ = nullptr;
   mutable std::mutex mutex_;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,1 +1,138 @@
-// placeholder
+#include "allocator/memory_stats.h"
+
+#include <cstdio>
+#include <string>
+
+namespace cudalloc {
+namespace {
+
+constexpr const char* kStatTypeNames[kStatTypes] = {"all", "small_pool", "large_pool"};
+
+struct NamedArray {
+  const char* name;
+  const StatArray MemoryStats::*array;
+};
+
+constexpr NamedArray kArrays[] = {
+    {"allocation", &MemoryStats::allocation},
+    {"segment", &MemoryStats::segment},
+    {"active", &MemoryStats::active},
+    {"inactive_split", &MemoryStats::inactive_split},
+    {"allocated_bytes", &MemoryStats::allocated_bytes},
+    {"reserved_bytes", &MemoryStats::reserved_bytes},
+    {"active_bytes", &MemoryStats::active_bytes},
+    {"inactive_split_bytes", &MemoryStats::inactive_split_bytes},
+    {"requested_bytes", &MemoryStats::requested_bytes},
+};
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+
+std::string lpad(std::string s, std::size_t width) {
+  if (s.size() < width) s.insert(0, width - s.size(), ' ');
+  return s;
+}
+
+}  // namespace
+
+std::map<std::string, std::int64_t> MemoryStats::to_map() const {
+  std::map<std::string, std::int64_t> out;
+  for (const auto& named : kArrays) {
+    const StatArray& a = this->*named.array;
+    for (std::size_t t = 0; t < kStatTypes; ++t) {
+      const std::string prefix = std::string(named.name) + "." + kStatTypeNames[t] + ".";
+      out[prefix + "current"] = a[t].current;
+      out[prefix + "peak"] = a[t].peak;
+      out[prefix + "allocated"] = a[t].allocated;
+      out[prefix + "freed"] = a[t].freed;
+    }
+  }
+  out["num_alloc_retries"] = num_alloc_retries;
+  out["num_ooms"] = num_ooms;
+  out["num_device_alloc"] = num_device_alloc;
+  out["num_device_free"] = num_device_free;
+  out["num_cache_hits"] = num_cache_hits;
+  out["num_cache_misses"] = num_cache_misses;
+  out["oversize_allocations.current"] = oversize_allocations;
+  out["oversize_segments.current"] = oversize_segments;
+  return out;
+}
+
+void MemoryStats::reset_peaks() {
+  for (const auto& named : kArrays) {
+    StatArray& a = const_cast<StatArray&>(this->*named.array);
+    for (Stat& s : a) s.reset_peak();
+  }
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[48];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", value, kUnits[unit]);
+  }
+  return buf;
+}
+
+std::string format_memory_summary(const MemoryStats& s, int device, std::size_t limit_bytes) {
+  constexpr std::size_t kW = 16;
+  std::string out;
+  const std::string rule(79, '=');
+  const std::string thin(79, '-');
+  out += "|" + rule.substr(2) + "|\n";
+  char title[96];
+  std::snprintf(title, sizeof title, " cudalloc memory summary, device %d, limit %s", device,
+                format_bytes(limit_bytes).c_str());
+  out += "|" + pad(title, 77) + "|\n";
+  out += "|" + thin.substr(2) + "|\n";
+  out += "|" + pad(" Metric", 29) + lpad("Cur Usage", kW) + lpad("Peak Usage", kW) +
+         lpad("Tot Alloc", kW) + "|\n";
+  out += "|" + thin.substr(2) + "|\n";
+
+  auto bytes_row = [&](const char* name, const StatArray& a) {
+    for (std::size_t t = 0; t < kStatTypes; ++t) {
+      std::string label = t == kStatAll ? std::string(" ") + name : std::string("   from ") + kStatTypeNames[t];
+      out += "|" + pad(label, 29) + lpad(format_bytes(a[t].current), kW) +
+             lpad(format_bytes(a[t].peak), kW) + lpad(format_bytes(a[t].allocated), kW) + "|\n";
+    }
+  };
+  auto count_row = [&](const char* name, const StatArray& a) {
+    out += "|" + pad(std::string(" ") + name, 29) + lpad(std::to_string(a[kStatAll].current), kW) +
+           lpad(std::to_string(a[kStatAll].peak), kW) + lpad(std::to_string(a[kStatAll].allocated), kW) +
+           "|\n";
+  };
+  bytes_row("Allocated memory", s.allocated_bytes);
+  bytes_row("Active memory", s.active_bytes);
+  bytes_row("Requested memory", s.requested_bytes);
+  bytes_row("Reserved memory", s.reserved_bytes);
+  bytes_row("Non-releasable memory", s.inactive_split_bytes);
+  out += "|" + thin.substr(2) + "|\n";
+  count_row("Allocations", s.allocation);
+  count_row("Active allocs", s.active);
+  count_row("Reserved segments", s.segment);
+  count_row("Non-releasable allocs", s.inactive_split);
+  out += "|" + thin.substr(2) + "|\n";
+  char line[160];
+  std::snprintf(line, sizeof line,
+                " device allocs: %lld  device frees: %lld  cache hits: %lld  misses: %lld",
+                static_cast<long long>(s.num_device_alloc), static_cast<long long>(s.num_device_free),
+                static_cast<long long>(s.num_cache_hits), static_cast<long long>(s.num_cache_misses));
+  out += "|" + pad(line, 77) + "|\n";
+  std::snprintf(line, sizeof line, " alloc retries: %lld  OOMs: %lld",
+                static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms));
+  out += "|" + pad(line, 77) + "|\n";
+  out += "|" + rule.substr(2) + "|\n";
+  return out;
+}
+
+}  // namespace cudalloc

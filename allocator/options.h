@@ -10,8 +10,8 @@
 namespace cudalloc {
 
 // roundup_power2_divisions is kept per power-of-two size interval, as PyTorch does:
-// index 0 covers sizes below 1 MiB... up to 1 MiB, index i covers [2^(19+i), 2^(20+i)) bytes,
-// the last index covers everything from 32 GiB up.
+// index 0 covers everything below 2 MiB, index i covers [2^i MiB, 2^(i+1) MiB), and the last
+// index everything from 32 GiB up. A list key of K MiB therefore sets index log2(K).
 inline constexpr std::size_t kRoundupIntervals = 16;
 
 struct AllocatorOptions {

@@ -1,1 +1,60 @@
-// placeholder
+#include "allocator/size_classes.h"
+
+#include <bit>
+
+namespace cudalloc {
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+}  // namespace
+
+std::size_t roundup_power2_next_division(std::size_t bytes, std::size_t divisions) {
+  if (divisions <= 1 || std::has_single_bit(bytes)) return bytes;
+  const std::size_t floor = std::bit_floor(bytes);
+  const std::size_t step = floor / divisions;
+  if (step == 0) return floor << 1;
+  return floor + round_up(bytes - floor, step);
+}
+
+std::size_t SizeClasses::divisions_for(std::size_t bytes) const {
+  // Interval 0 holds everything below 2 MiB; interval i holds [2^i MiB, 2^(i+1) MiB).
+  const int log_size = std::bit_width(bytes) - 1;
+  constexpr int kFirst = 20;  // log2(1 MiB)
+  std::size_t index = log_size > kFirst ? static_cast<std::size_t>(log_size - kFirst) : 0;
+  if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
+  return options_.roundup_power2_divisions[index];
+}
+
+std::size_t SizeClasses::round(std::size_t bytes) const {
+  if (bytes <= kMinBlockSize) return kMinBlockSize;
+  const std::size_t divisions = divisions_for(bytes);
+  if (divisions > 1 && bytes > kMinBlockSize * divisions) {
+    return round_up(roundup_power2_next_division(bytes, divisions), kMinBlockSize);
+  }
+  return round_up(bytes, kMinBlockSize);
+}
+
+std::size_t SizeClasses::segment_size(std::size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return round_up(rounded, kRoundLarge);
+}
+
+bool SizeClasses::should_split(std::size_t block_size, std::size_t rounded, PoolKind pool) const {
+  const std::size_t remaining = block_size - rounded;
+  if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
+  return rounded < options_.max_split_size && remaining > kSmallSize;
+}
+
+bool SizeClasses::may_serve(std::size_t block_size, std::size_t rounded) const {
+  // A request below the split limit never takes an unsplittable oversize block...
+  if (rounded < options_.max_split_size && block_size >= options_.max_split_size) return false;
+  // ...and an oversize request wastes at most one large buffer of it.
+  if (rounded >= options_.max_split_size && block_size >= rounded + kLargeBuffer) return false;
+  return true;
+}
+
+}  // namespace cudalloc

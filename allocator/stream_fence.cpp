@@ -1,1 +1,38 @@
-// placeholder
+#include "allocator/stream_fence.h"
+
+namespace cudalloc {
+
+void FenceQueue::track(Block* block) {
+  if (block->pending_fences++ == 0) {
+    pending_bytes_ += block->size;
+    ++pending_blocks_;
+  }
+}
+
+void FenceQueue::add(std::unique_ptr<Fence> fence, Block* block) {
+  track(block);
+  entries_.push_back(Entry{std::move(fence), {block}});
+}
+
+void FenceQueue::defer_to_epoch(Block* block) {
+  track(block);
+  epoch_.push_back(block);
+  epoch_bytes_ += block->size;
+}
+
+void FenceQueue::close_epoch(SegmentBackend& backend) {
+  if (epoch_.empty()) return;
+  entries_.push_back(Entry{backend.record_device_fence(), std::move(epoch_)});
+  epoch_.clear();
+  epoch_bytes_ = 0;
+}
+
+void FenceQueue::clear() {
+  entries_.clear();
+  epoch_.clear();
+  epoch_bytes_ = 0;
+  pending_bytes_ = 0;
+  pending_blocks_ = 0;
+}
+
+}  // namespace cudalloc

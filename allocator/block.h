@@ -1,0 +1,50 @@
+// Blocks and the segments they are cut from.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "allocator/memory_stats.h"
+#include "allocator/types.h"
+
+namespace cudalloc {
+
+struct Segment;
+
+enum class BlockState : std::uint8_t {
+  kFree,       // in a pool, reusable
+  kAllocated,  // held by the program
+  kPending,    // freed, waiting for device work queued before the free
+};
+
+// A contiguous piece of a segment. Blocks of a segment form an address-ordered list.
+struct Block {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  StreamHandle stream = 0;  // the pool it belongs to (that of its segment)
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  BlockState state = BlockState::kFree;
+  int pending_fences = 0;                 // fences still to complete before reuse
+  std::vector<StreamHandle> stream_uses;  // other streams the program used it on
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// One allocation from the device, cut into blocks.
+struct Segment {
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  PoolKind pool = PoolKind::kSmall;
+  StreamHandle stream = 0;
+  Block* first = nullptr;
+  std::uint64_t idle_since = 0;  // allocator tick when it last became wholly free
+
+  // Wholly free: one block, in a pool.
+  bool idle() const { return first != nullptr && first->next == nullptr && first->state == BlockState::kFree; }
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,101 @@
+// A simulated device: host memory behind device pointers, streams whose queued work runs only
+// when the test (or replay) lets the device catch up, fences, virtual memory, a settable
+// capacity and fault injection. Every allocator policy is tested, replayed and fuzzed on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "allocator/backend.h"
+
+namespace cudalloc {
+
+struct SimOptions {
+  std::size_t total_memory = 80 * kGiB;
+  // Back device pointers with (lazily committed) host memory so tests can read and write them.
+  // Without it, addresses are made up and must not be touched: replays of huge traces use that.
+  bool host_memory = true;
+  std::size_t vm_granularity = 2 * kMiB;
+};
+
+enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap };
+
+class SimBackend final : public SegmentBackend {
+ public:
+  explicit SimBackend(SimOptions options = {});
+  ~SimBackend() override;
+
+  // --- SegmentBackend
+  Status allocate_segment(std::size_t bytes, DevicePtr* out) override;
+  Status free_segment(DevicePtr ptr, std::size_t bytes) override;
+  std::unique_ptr<Fence> record_fence(StreamHandle stream) override;
+  std::unique_ptr<Fence> record_device_fence() override;
+  std::size_t total_memory() const override;
+  bool supports_virtual_memory() const override { return true; }
+  std::size_t vm_granularity() const override { return options_.vm_granularity; }
+  Status reserve_address(std::size_t bytes, DevicePtr* out) override;
+  Status free_address(DevicePtr base, std::size_t bytes) override;
+  Status map(DevicePtr va, std::size_t bytes) override;
+  Status unmap(DevicePtr va, std::size_t bytes) override;
+
+  // --- the simulated device
+  // Queues work on a stream (created on first use; 0 is the default stream). It runs when
+  // run()/run_all() or a fence wait lets the stream advance.
+  void enqueue(StreamHandle stream, std::function<void()> work = {});
+  // Runs up to `max_items` queued items of `stream`; returns how many ran.
+  std::size_t run(StreamHandle stream, std::size_t max_items = SIZE_MAX);
+  void run_all();
+  std::size_t queued(StreamHandle stream) const;
+
+  // --- capacity and faults
+  void set_total_memory(std::size_t bytes);
+  // The call of `op` after `calls_from_now` more successful ones fails (kOutOfMemory for
+  // allocate/map, kBackendError otherwise). One-shot.
+  void fail_after(SimOp op, std::size_t calls_from_now);
+  // Fences never complete on their own (a hung device); wait() still runs the streams.
+  void set_fences_stall(bool stall);
+
+  // --- what happened
+  std::size_t used_bytes() const;
+  std::size_t segment_calls() const;
+  std::size_t free_calls() const;
+  std::size_t map_calls() const;
+  std::size_t unmap_calls() const;
+  std::size_t device_fences() const;
+  std::size_t stream_fences() const;
+  // True if [ptr, ptr+bytes) is inside a live segment or mapped virtual memory.
+  bool is_accessible(DevicePtr ptr, std::size_t bytes) const;
+
+ private:
+  struct Stream {
+    std::deque<std::function<void()>> work;
+    std::uint64_t enqueued = 0;
+    std::uint64_t completed = 0;
+  };
+  class SimFence;
+
+  bool should_fail(SimOp op);
+  Stream& stream(StreamHandle handle);  // under mutex_
+  std::size_t run_locked(StreamHandle handle, std::uint64_t until);
+  DevicePtr take_address(std::size_t bytes, std::size_t alignment);
+  void give_address(DevicePtr base, std::size_t bytes);
+
+  SimOptions options_;
+  mutable std::recursive_mutex mutex_;
+  std::map<StreamHandle, Stream> streams_;
+  std::map<DevicePtr, std::size_t> segments_;
+  std::map<DevicePtr, std::size_t> reservations_;
+  std::map<DevicePtr, std::size_t> mappings_;
+  std::size_t used_ = 0;
+  DevicePtr next_fake_address_ = DevicePtr{1} << 44;
+  std::map<SimOp, std::size_t> fail_countdown_;
+  bool fences_stall_ = false;
+  std::size_t segment_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0;
+  std::size_t device_fences_ = 0, stream_fences_ = 0;
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,47 @@
+// Size classes: how a request is rounded, which pool serves it, how large a segment is cut for
+// it and when a block is split. The rules and constants are PyTorch's, so traces and settings
+// carry over.
+#pragma once
+
+#include <cstddef>
+
+#include "allocator/memory_stats.h"
+#include "allocator/options.h"
+
+namespace cudalloc {
+
+inline constexpr std::size_t kMinBlockSize = 512;         // every block is a multiple of this
+inline constexpr std::size_t kSmallSize = 1 * kMiB;       // requests up to this use the small pool
+inline constexpr std::size_t kSmallBuffer = 2 * kMiB;     // segment size of the small pool
+inline constexpr std::size_t kLargeBuffer = 20 * kMiB;    // segment size for 1-10 MiB requests
+inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // from here segments fit the request
+inline constexpr std::size_t kRoundLarge = 2 * kMiB;      // ...rounded up to this
+
+class SizeClasses {
+ public:
+  explicit SizeClasses(const AllocatorOptions& options) : options_(options) {}
+
+  // The block size a request gets. Requires bytes > 0.
+  std::size_t round(std::size_t bytes) const;
+  static PoolKind pool_for(std::size_t rounded) {
+    return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
+  }
+  // Size of a new segment cut for a rounded request.
+  static std::size_t segment_size(std::size_t rounded);
+  // Whether a free block of `block_size` serving `rounded` leaves a remainder worth keeping.
+  bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool) const;
+  // Whether a free block may serve the request at all under max_split_size.
+  bool may_serve(std::size_t block_size, std::size_t rounded) const;
+  bool is_oversize(std::size_t block_size) const { return block_size >= options_.max_split_size; }
+
+  // The divisions in force for a size (roundup_power2_divisions interval lookup).
+  std::size_t divisions_for(std::size_t bytes) const;
+
+ private:
+  const AllocatorOptions& options_;
+};
+
+// Rounds `bytes` up to the next of `divisions` equal steps between two powers of two.
+std::size_t roundup_power2_next_division(std::size_t bytes, std::size_t divisions);
+
+}  // namespace cudalloc

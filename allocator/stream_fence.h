@@ -1,0 +1,93 @@
+// Freed blocks that may still be in use by device work queued before their free.
+//
+// A block freed in stream order onto another stream, or used on extra streams, waits on one
+// fence per stream. A block freed with cudaFree waits on a device fence; those frees are
+// gathered into an epoch and one device fence covers the whole epoch, so the cost of fencing
+// every stream is paid once per batch rather than once per free.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "allocator/backend.h"
+#include "allocator/block.h"
+
+namespace cudalloc {
+
+class FenceQueue {
+ public:
+  // `block` waits on `fence` (in addition to any other fence it already waits on).
+  void add(std::unique_ptr<Fence> fence, Block* block);
+  // `block` joins the open epoch; it waits for the device fence that closes it.
+  void defer_to_epoch(Block* block);
+  bool epoch_open() const { return !epoch_.empty(); }
+  std::size_t epoch_bytes() const { return epoch_bytes_; }
+  // Puts one device fence behind every block of the open epoch.
+  void close_epoch(SegmentBackend& backend);
+
+  // Hands every block whose fences have all completed to `ready`. Non-blocking.
+  template <typename F>
+  std::size_t collect(F&& ready) {
+    std::size_t n = 0;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (!it->fence->done()) {
+        ++it;
+        continue;
+      }
+      n += settle(*it, ready);
+      it = entries_.erase(it);
+    }
+    return n;
+  }
+
+  // Closes the epoch, waits for every fence and hands every block to `ready`.
+  template <typename F>
+  std::size_t wait_all(SegmentBackend& backend, F&& ready) {
+    close_epoch(backend);
+    std::size_t n = 0;
+    while (!entries_.empty()) {
+      Entry entry = std::move(entries_.front());
+      entries_.pop_front();
+      entry.fence->wait();
+      n += settle(entry, ready);
+    }
+    return n;
+  }
+
+  // Drops everything without waiting (the context is gone).
+  void clear();
+
+  std::size_t pending_bytes() const { return pending_bytes_; }
+  std::size_t pending_blocks() const { return pending_blocks_; }
+
+ private:
+  struct Entry {
+    std::unique_ptr<Fence> fence;
+    std::vector<Block*> blocks;
+  };
+
+  template <typename F>
+  std::size_t settle(Entry& entry, F& ready) {
+    std::size_t n = 0;
+    for (Block* b : entry.blocks) {
+      if (--b->pending_fences == 0) {
+        pending_bytes_ -= b->size;
+        --pending_blocks_;
+        ready(b);
+        ++n;
+      }
+    }
+    return n;
+  }
+  void track(Block* block);
+
+  std::deque<Entry> entries_;
+  std::vector<Block*> epoch_;
+  std::size_t epoch_bytes_ = 0;
+  std::size_t pending_bytes_ = 0;
+  std::size_t pending_blocks_ = 0;
+};
+
+}  // namespace cudalloc

@@ -19,8 +19,9 @@ class Fence {
   virtual ~Fence() = default;
   // Non-blocking. A backend that can no longer tell (driver gone) reports true.
   virtual bool done() = 0;
-  // Blocks until done().
-  virtual void wait() = 0;
+  // Blocks until done(). False if it cannot wait now (e.g. the stream is being captured);
+  // the fence then stays pending.
+  virtual bool wait() = 0;
 };
 
 // Handle of physical memory created for virtual-memory (expandable) segments.

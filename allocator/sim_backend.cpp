@@ -22,9 +22,10 @@ class SimBackend::SimFence final : public Fence {
   }
 
   // The simulated device catches up with the fence.
-  void wait() override {
+  bool wait() override {
     std::lock_guard lock(sim_.mutex_);
     for (auto [handle, target] : targets_) sim_.run_locked(handle, target);
+    return true;
   }
 
  private:

@@ -42,16 +42,19 @@ class FenceQueue {
     return n;
   }
 
-  // Closes the epoch, waits for every fence and hands every block to `ready`.
+  // Closes the epoch, waits for every fence and hands every block to `ready`. Fences that
+  // cannot be waited for now stay queued.
   template <typename F>
   std::size_t wait_all(SegmentBackend& backend, F&& ready) {
     close_epoch(backend);
     std::size_t n = 0;
-    while (!entries_.empty()) {
-      Entry entry = std::move(entries_.front());
-      entries_.pop_front();
-      entry.fence->wait();
-      n += settle(entry, ready);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (!it->fence->wait()) {
+        ++it;
+        continue;
+      }
+      n += settle(*it, ready);
+      it = entries_.erase(it);
     }
     return n;
   }

@@ -222,6 +222,25 @@ struct DeviceAllocator::Impl {
     return true;
   }
 
+  // A wholly idle segment of another stream can serve this one once that stream has passed
+  // the point of the free. A fence recorded now lies after the free, so its completion is
+  // enough; blocks from cudaFree (kNoStream) were device-fenced already.
+  Block* adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+    Segment* best = nullptr;
+    segments.for_each([&](Segment* s) {
+      if (s->stream == stream || s->pool != kind || !s->idle()) return;
+      if (s->size < rounded || !sizes.may_serve(s->size, rounded)) return;
+      if (best == nullptr || s->size < best->size) best = s;
+    });
+    if (best == nullptr) return nullptr;
+    if (best->stream != kNoStream && !backend.record_fence(best->stream)->done()) return nullptr;
+    Block* b = best->first;
+    pool_erase(b);
+    best->stream = stream;
+    b->stream = stream;
+    return b;
+  }
+
   std::size_t release_everything_idle() {
     wait_pending();
     const std::size_t released = release_idle(idle_segments([](Segment*) { return true; }));
@@ -289,6 +308,7 @@ struct DeviceAllocator::Impl {
         fences.close_epoch(backend);
         if (collect_ready() > 0) b = find_free(stream, rounded, kind);
       }
+      if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
       if (b == nullptr) {
         hit = false;
         collect_garbage();
@@ -298,7 +318,8 @@ struct DeviceAllocator::Impl {
       if (b == nullptr) {
         ++stats.num_alloc_retries;
         release_everything_idle();
-        b = new_segment(stream, rounded, kind);
+        b = find_free(stream, rounded, kind);
+        if (b == nullptr) b = new_segment(stream, rounded, kind);
       }
     }
     if (b == nullptr) {

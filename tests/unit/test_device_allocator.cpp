@@ -1,0 +1,440 @@
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "allocator/sim_backend.h"
+
+using namespace cudalloc;
+
+namespace {
+
+constexpr StreamHandle kStreamA = 0x10;
+constexpr StreamHandle kStreamB = 0x20;
+
+struct Fixture {
+  explicit Fixture(AllocatorOptions o = {}, SimOptions so = {}) : options(o), sim(so), alloc(sim, options) {}
+  AllocatorOptions options;
+  SimBackend sim;
+  DeviceAllocator alloc;
+
+  DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
+    DevicePtr p = 0;
+    REQUIRE(alloc.allocate(bytes, stream, &p) == Status::kOk);
+    REQUIRE(p != 0);
+    return p;
+  }
+  std::int64_t stat(const char* key) { return alloc.stats().to_map().at(key); }
+};
+
+}  // namespace
+
+TEST_CASE("a zero-byte request is the driver's invalid value and allocates nothing") {
+  Fixture f;
+  DevicePtr p = 123;
+  CHECK(f.alloc.allocate(0, kNoStream, &p) == Status::kInvalidValue);
+  CHECK(p == 0);
+  CHECK(f.sim.segment_calls() == 0);
+}
+
+TEST_CASE("small requests share a 2 MiB segment and are 512-byte aligned") {
+  Fixture f;
+  DevicePtr a = f.get(1);
+  DevicePtr b = f.get(700);
+  DevicePtr c = f.get(1000);
+  CHECK(f.sim.segment_calls() == 1);
+  CHECK(a % 512 == 0);
+  CHECK(b % 512 == 0);
+  CHECK(c % 512 == 0);
+  CHECK(b == a + 512);
+  CHECK(c == b + 1024);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(2 * kMiB));
+  CHECK(f.stat("reserved_bytes.small_pool.current") == static_cast<std::int64_t>(2 * kMiB));
+  CHECK(f.stat("allocated_bytes.all.current") == 512 + 1024 + 1024);
+  CHECK(f.stat("requested_bytes.all.current") == 1 + 700 + 1000);
+}
+
+TEST_CASE("a block freed on its own stream is reused there at once") {
+  Fixture f;
+  DevicePtr a = f.get(4096, kStreamA);
+  f.sim.enqueue(kStreamA);  // device work still queued on A: irrelevant for A itself
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA) == Status::kOk);
+  CHECK(f.get(4096, kStreamA) == a);
+  CHECK(f.sim.segment_calls() == 1);
+  CHECK(f.sim.stream_fences() == 0);
+}
+
+// Requests of 12 MiB get a segment of exactly 12 MiB: no remainder blurs what is reused.
+constexpr std::size_t kWhole = 12 * kMiB;
+
+TEST_CASE("another stream reuses a freed segment only after the free's stream passed it") {
+  Fixture f;
+  DevicePtr a = f.get(kWhole, kStreamA);
+  f.sim.enqueue(kStreamA);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA) == Status::kOk);
+  // Stream A has queued work that may still use `a`: B must get other memory.
+  DevicePtr b = f.get(kWhole, kStreamB);
+  CHECK(b != a);
+  CHECK(f.sim.segment_calls() == 2);
+  // Once A's work ran, A's idle segment may move to B.
+  f.sim.run_all();
+  DevicePtr c = f.get(kWhole, kStreamB);
+  CHECK(c == a);
+  CHECK(f.sim.segment_calls() == 2);
+  // It now belongs to B: freeing it on B makes it B's at once.
+  f.alloc.free(c, FreeOrder::kStream, kStreamB);
+  CHECK(f.get(kWhole, kStreamB) == a);
+}
+
+TEST_CASE("cudaFreeAsync on another stream waits for that stream's work") {
+  Fixture f;
+  DevicePtr a = f.get(kWhole, kStreamA);
+  f.sim.enqueue(kStreamB);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamB) == Status::kOk);
+  CHECK(f.stat("active_bytes.all.current") == static_cast<std::int64_t>(kWhole));  // pending is active
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  DevicePtr again = f.get(kWhole, kStreamA);
+  CHECK(again != a);
+  f.sim.run(kStreamB);
+  CHECK(f.get(kWhole, kStreamA) == a);
+  CHECK(f.stat("active_bytes.all.current") == static_cast<std::int64_t>(2 * kWhole));
+}
+
+TEST_CASE("record_stream makes a free wait for the extra stream") {
+  Fixture f;
+  DevicePtr a = f.get(kWhole, kStreamA);
+  REQUIRE(f.alloc.record_stream(a, kStreamB) == Status::kOk);
+  f.sim.enqueue(kStreamB);
+  f.alloc.free(a, FreeOrder::kStream, kStreamA);
+  CHECK(f.get(kWhole, kStreamA) != a);
+  f.sim.run(kStreamB);
+  CHECK(f.get(kWhole, kStreamA) == a);
+  CHECK(f.alloc.record_stream(0xdead, kStreamB) == Status::kInvalidValue);
+}
+
+TEST_CASE("a cudaFree'd block waits for work queued on every stream") {
+  Fixture f;
+  DevicePtr a = f.get(kWhole);
+  f.sim.enqueue(kStreamA);  // some stream still has queued work at the free
+  REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);
+  DevicePtr b = f.get(kWhole);
+  CHECK(b != a);
+  CHECK(f.sim.device_fences() == 1);  // the miss closed the epoch with one fence
+  f.sim.enqueue(kStreamB);  // work queued after that fence does not matter
+  f.sim.run(kStreamA);
+  CHECK(f.get(kWhole) == a);
+  CHECK(f.sim.queued(kStreamB) == 1);
+}
+
+TEST_CASE("frees of one epoch share a single device fence") {
+  Fixture f;
+  std::vector<DevicePtr> ptrs;
+  // 1 MiB blocks fill their 2 MiB segments exactly, two each.
+  for (int i = 0; i < 100; ++i) ptrs.push_back(f.get(kMiB));
+  for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
+  std::set<DevicePtr> reused;
+  for (int i = 0; i < 100; ++i) reused.insert(f.get(kMiB));
+  CHECK(f.sim.segment_calls() == 50);
+  CHECK(f.sim.device_fences() == 1);
+  CHECK(reused == std::set<DevicePtr>(ptrs.begin(), ptrs.end()));
+}
+
+TEST_CASE("freed neighbours coalesce into one block") {
+  Fixture f;
+  DevicePtr a = f.get(512 * kKiB);
+  DevicePtr b = f.get(512 * kKiB);
+  DevicePtr c = f.get(512 * kKiB);
+  DevicePtr d = f.get(512 * kKiB);
+  CHECK(f.sim.segment_calls() == 1);
+  f.alloc.free(b, FreeOrder::kCompleted);
+  f.alloc.free(d, FreeOrder::kCompleted);
+  CHECK(f.stat("inactive_split.all.current") == 2);
+  CHECK(f.stat("inactive_split_bytes.all.current") == static_cast<std::int64_t>(kMiB));
+  f.alloc.free(c, FreeOrder::kCompleted);  // merges b, c and d
+  CHECK(f.stat("inactive_split.all.current") == 1);
+  CHECK(f.get(kMiB) == b);  // the merged 1.5 MiB block is the best fit
+  f.alloc.free(b, FreeOrder::kCompleted);
+  f.alloc.free(a, FreeOrder::kCompleted);
+  CHECK(f.stat("inactive_split.all.current") == 0);
+  CHECK(f.stat("inactive_split_bytes.all.current") == 0);
+  CHECK(f.get(kMiB) == a);  // the whole segment is one block again
+  CHECK(f.sim.segment_calls() == 1);
+}
+
+TEST_CASE("large requests: 20 MiB segments below 10 MiB, 2 MiB rounding above") {
+  Fixture f;
+  DevicePtr a = f.get(5 * kMiB);
+  CHECK(f.stat("reserved_bytes.large_pool.current") == static_cast<std::int64_t>(20 * kMiB));
+  DevicePtr b = f.get(14 * kMiB);  // fits the 15 MiB remainder
+  CHECK(b == a + 5 * kMiB);
+  CHECK(f.sim.segment_calls() == 1);
+  DevicePtr c = f.get(11 * kMiB);
+  CHECK(f.sim.segment_calls() == 2);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(32 * kMiB));
+  // The 1 MiB left in the first segment is not split off (large pool keeps > 1 MiB only).
+  CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(5 * kMiB + 15 * kMiB + 12 * kMiB));
+  (void)c;
+}
+
+TEST_CASE("max_split_size keeps oversize blocks whole and releases them first") {
+  AllocatorOptions o;
+  o.max_split_size = 40 * kMiB;
+  o.memory_limit_bytes = 180 * kMiB;
+  Fixture f(o);
+  DevicePtr big = f.get(100 * kMiB);
+  f.alloc.free(big, FreeOrder::kCompleted);
+  // A smaller request must not carve the oversize block.
+  DevicePtr small = f.get(30 * kMiB);
+  CHECK(small != big);
+  CHECK(f.sim.segment_calls() == 2);
+  // An oversize request may use it only if it wastes less than 20 MiB.
+  CHECK(f.get(90 * kMiB) == big);
+  f.alloc.free(big, FreeOrder::kCompleted);
+  DevicePtr other = 0;
+  // 70 MiB would waste 30 MiB of the cached 100 MiB block: needs fresh memory, and 30 + 100 +
+  // 70 is past the 180 MiB limit, so the oversize block goes back to the device first.
+  REQUIRE(f.alloc.allocate(70 * kMiB, kNoStream, &other) == Status::kOk);
+  CHECK(f.sim.free_calls() == 1);
+  CHECK(f.stat("num_alloc_retries") == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(100 * kMiB));
+}
+
+TEST_CASE("the memory limit caps reserved memory: fraction and absolute") {
+  SECTION("per_process_memory_fraction") {
+    AllocatorOptions o;
+    o.per_process_memory_fraction = 0.5;
+    SimOptions so;
+    so.total_memory = 100 * kMiB;
+    Fixture f(o, so);
+    CHECK(f.alloc.memory_limit() == 50 * kMiB);
+    DevicePtr p = 0;
+    CHECK(f.alloc.allocate(50 * kMiB, kNoStream, &p) == Status::kOk);
+    CHECK(f.alloc.allocate(2 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+    CHECK(f.sim.used_bytes() <= 50 * kMiB);
+  }
+  SECTION("memory_limit_mb, the smaller limit wins") {
+    AllocatorOptions o;
+    o.per_process_memory_fraction = 0.9;
+    o.memory_limit_bytes = 30 * kMiB;
+    SimOptions so;
+    so.total_memory = 100 * kMiB;
+    Fixture f(o, so);
+    CHECK(f.alloc.memory_limit() == 30 * kMiB);
+    std::vector<DevicePtr> ptrs;
+    DevicePtr p = 0;
+    while (f.alloc.allocate(kMiB, kNoStream, &p) == Status::kOk) ptrs.push_back(p);
+    CHECK(ptrs.size() == 30);
+    CHECK(f.stat("reserved_bytes.all.peak") == static_cast<std::int64_t>(30 * kMiB));
+  }
+  SECTION("set_memory_limit overrides until reset") {
+    Fixture f;
+    f.alloc.set_memory_limit(4 * kMiB);
+    DevicePtr p = 0;
+    CHECK(f.alloc.allocate(5 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+    f.alloc.set_memory_limit(0);
+    CHECK(f.alloc.allocate(5 * kMiB, kNoStream, &p) == Status::kOk);
+  }
+}
+
+TEST_CASE("the out-of-memory ladder releases idle segments, retries, then reports") {
+  AllocatorOptions o;
+  o.memory_limit_bytes = 40 * kMiB;
+  Fixture f(o);
+  // Fill the limit with cached segments of another stream.
+  DevicePtr a = f.get(20 * kMiB, kStreamA);
+  DevicePtr b = f.get(20 * kMiB, kStreamA);
+  f.alloc.free(a, FreeOrder::kStream, kStreamA);
+  f.alloc.free(b, FreeOrder::kStream, kStreamA);
+  f.sim.enqueue(kStreamA);  // A is busy: its segments cannot be adopted without waiting
+  DevicePtr c = f.get(30 * kMiB, kStreamB);
+  CHECK(f.stat("num_alloc_retries") == 1);
+  CHECK(f.stat("num_device_free") == 2);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(30 * kMiB));
+
+  DevicePtr d = 0;
+  CHECK(f.alloc.allocate(12 * kMiB, kStreamB, &d) == Status::kOutOfMemory);
+  CHECK(d == 0);
+  CHECK(f.stat("num_ooms") == 1);
+  auto report = f.alloc.last_oom();
+  REQUIRE(report.has_value());
+  CHECK(report->requested == 12 * kMiB);
+  CHECK(report->rounded == 12 * kMiB);
+  CHECK(report->limit == 40 * kMiB);
+  CHECK(report->allocated == 30 * kMiB);
+  CHECK(report->reserved == 30 * kMiB);
+  const std::string msg = report->message();
+  CHECK(msg.find("Tried to allocate 12.00 MiB") != std::string::npos);
+  CHECK(msg.find("30.00 MiB allocated") != std::string::npos);
+  // Nothing was lost: the live block is intact and usable.
+  CHECK(f.alloc.find(c).has_value());
+  CHECK(f.alloc.free(c, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(f.alloc.allocate(12 * kMiB, kStreamB, &d) == Status::kOk);
+}
+
+TEST_CASE("a backend allocation failure goes down the ladder and the allocator keeps working") {
+  SimOptions so;
+  so.total_memory = 64 * kMiB;
+  Fixture f({}, so);
+  DevicePtr cached = f.get(20 * kMiB);
+  f.alloc.free(cached, FreeOrder::kCompleted);
+  f.sim.fail_after(SimOp::kAllocate, 0);  // the next device allocation fails
+  DevicePtr p = f.get(30 * kMiB);         // ladder: release the idle cache, retry
+  CHECK(p != 0);
+  CHECK(f.stat("num_alloc_retries") == 1);
+  f.sim.fail_after(SimOp::kAllocate, 0);
+  f.sim.fail_after(SimOp::kAllocate, 0);
+  DevicePtr q = 0;
+  // Only one failure is armed at a time per op: the retry succeeds.
+  CHECK(f.alloc.allocate(4 * kMiB, kNoStream, &q) == Status::kOk);
+}
+
+TEST_CASE("garbage collection gives back the longest-idle segments without a fraction set") {
+  AllocatorOptions o;
+  o.garbage_collection_threshold = 0.5;
+  SimOptions so;
+  so.total_memory = 100 * kMiB;
+  Fixture f(o, so);
+  std::vector<DevicePtr> ptrs;
+  for (int i = 0; i < 4; ++i) ptrs.push_back(f.get(12 * kMiB));  // 48 MiB reserved
+  for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kCompleted);
+  DevicePtr keep = f.get(12 * kMiB);  // reuses the first freed (lowest address among equals)
+  (void)keep;
+  // 48 MiB reserved is below 50: no collection yet.
+  DevicePtr x = f.get(14 * kMiB);
+  CHECK(f.stat("num_device_free") == 0);
+  // Now 62 MiB reserved > 50 MiB: the next new segment first releases idle ones, oldest first.
+  DevicePtr y = f.get(16 * kMiB);
+  CHECK(f.stat("num_device_free") >= 1);
+  CHECK(f.stat("reserved_bytes.all.current") <= static_cast<std::int64_t>(50 * kMiB + 16 * kMiB));
+  (void)x;
+  (void)y;
+}
+
+TEST_CASE("bad frees are refused and leave the cache intact") {
+  Fixture f;
+  DevicePtr a = f.get(8192);
+  std::memset(reinterpret_cast<void*>(a), 0x5a, 8192);
+  CHECK(f.alloc.free(a + 512, FreeOrder::kDevice) == Status::kInvalidValue);  // interior
+  CHECK(f.alloc.free(0x1234, FreeOrder::kDevice) == Status::kInvalidValue);    // unknown
+  CHECK(f.alloc.free(a, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(f.alloc.free(a, FreeOrder::kCompleted) == Status::kInvalidValue);  // double free
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("allocation.all.current") == 0);
+  DevicePtr b = f.get(8192);
+  CHECK(b == a);
+  CHECK(f.stat("allocation.all.current") == 1);
+}
+
+TEST_CASE("find describes the block around an interior pointer") {
+  Fixture f;
+  f.get(1024);
+  DevicePtr b = f.get(3000, kNoStream);
+  auto info = f.alloc.find(b + 100);
+  REQUIRE(info.has_value());
+  CHECK(info->base == b);
+  CHECK(info->size == 3072);
+  CHECK(info->requested == 3000);
+  CHECK(info->segment_size == 2 * kMiB);
+  CHECK(f.alloc.owns(b + 100));
+  CHECK_FALSE(f.alloc.find(b + 3072 + 5).has_value());  // free remainder: not a live block
+  CHECK(f.alloc.owns(b + 3072 + 5));
+  CHECK_FALSE(f.alloc.owns(0x42));
+}
+
+TEST_CASE("release_cached returns every idle segment and waits for pending frees") {
+  Fixture f;
+  DevicePtr live = f.get(12 * kMiB);
+  DevicePtr a = f.get(4 * kMiB);
+  DevicePtr b = f.get(1000);
+  f.sim.enqueue(kStreamA);
+  f.alloc.free(a, FreeOrder::kDevice);
+  f.alloc.free(b, FreeOrder::kCompleted);
+  const std::size_t released = f.alloc.release_cached();
+  CHECK(released == 20 * kMiB + 2 * kMiB);
+  CHECK(f.sim.queued(kStreamA) == 0);  // the pending free was waited for
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(12 * kMiB));
+  CHECK(f.alloc.cached_bytes() == 0);
+  CHECK(f.alloc.find(live).has_value());
+}
+
+TEST_CASE("forget_all drops everything without touching the device") {
+  Fixture f;
+  DevicePtr a = f.get(4096);
+  f.get(5 * kMiB);
+  f.alloc.forget_all();
+  CHECK(f.sim.free_calls() == 0);
+  CHECK_FALSE(f.alloc.owns(a));
+  CHECK(f.alloc.free(a, FreeOrder::kDevice) == Status::kInvalidValue);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+  CHECK(f.stat("num_device_alloc") == 2);
+  f.get(4096);  // still works
+}
+
+TEST_CASE("an observer sees allocations, frees, segments and OOMs") {
+  struct Recorder : AllocatorObserver {
+    std::vector<AllocatorEvent> events;
+    void on_event(const AllocatorEvent& e) noexcept override { events.push_back(e); }
+  } rec;
+  AllocatorOptions o;
+  o.memory_limit_bytes = 4 * kMiB;
+  Fixture f(o);
+  f.alloc.set_observer(&rec);
+  DevicePtr a = f.get(1000, kStreamA);
+  f.alloc.free(a, FreeOrder::kStream, kStreamA, true);
+  f.get(1000, kStreamA);
+  DevicePtr p = 0;
+  f.alloc.allocate(8 * kMiB, kStreamA, &p);
+  REQUIRE(rec.events.size() >= 5);
+  CHECK(rec.events[0].kind == EventKind::kSegmentAlloc);
+  CHECK(rec.events[1].kind == EventKind::kAlloc);
+  CHECK_FALSE(rec.events[1].cache_hit);
+  CHECK(rec.events[1].requested == 1000);
+  CHECK(rec.events[1].rounded == 1024);
+  CHECK(rec.events[1].allocated_after == 1024);
+  CHECK(rec.events[1].reserved_after == 2 * kMiB);
+  CHECK(rec.events[2].kind == EventKind::kFree);
+  CHECK(rec.events[2].async);
+  CHECK(rec.events[3].kind == EventKind::kAlloc);
+  CHECK(rec.events[3].cache_hit);
+  CHECK(rec.events.back().kind == EventKind::kOom);
+  CHECK(rec.events.back().result == Status::kOutOfMemory);
+}
+
+TEST_CASE("threads allocating and freeing at once never share a byte") {
+  Fixture f;
+  constexpr int kThreads = 8;
+  std::atomic<int> corrupted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<std::pair<DevicePtr, std::size_t>> mine;
+      for (int i = 0; i < 2000; ++i) {
+        if (mine.size() < 20 && (mine.empty() || rng() % 2)) {
+          std::size_t n = 512 + rng() % (64 * 1024);
+          DevicePtr p = 0;
+          if (f.alloc.allocate(n, kNoStream, &p) != Status::kOk) continue;
+          std::memset(reinterpret_cast<void*>(p), t + 1, n);
+          mine.emplace_back(p, n);
+        } else {
+          auto [p, n] = mine.back();
+          mine.pop_back();
+          const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+          for (std::size_t k = 0; k < n; k += 97) {
+            if (bytes[k] != t + 1) corrupted++;
+          }
+          f.alloc.free(p, i % 3 == 0 ? FreeOrder::kDevice : FreeOrder::kCompleted);
+        }
+      }
+      for (auto [p, n] : mine) f.alloc.free(p, FreeOrder::kCompleted);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(corrupted == 0);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+}

@@ -1,0 +1,49 @@
+// Stream captures in progress. While one is on, nothing may be recorded on or synchronize a
+// capturing stream (that would invalidate the capture), and in global mode not even the
+// legacy stream; so fences are deferred and frees parked until the last capture ends.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "shim/cuda_api.h"
+#include "shim/streams.h"
+
+namespace cudalloc::shim {
+
+struct ContextState;
+
+// A free that arrived while a capture was on.
+struct ParkedFree {
+  ContextState* owner = nullptr;
+  CUdeviceptr ptr = 0;
+  bool async = false;
+  StreamInfo* stream = nullptr;  // async frees: the freeing stream
+  bool in_graph = false;         // the freeing stream itself was being captured
+};
+
+class CaptureTracker {
+ public:
+  // Any capture on, anywhere in the process. One atomic load: the hot paths ask this.
+  bool any() const { return active_.load(std::memory_order_acquire) > 0; }
+  void begin(StreamInfo* s);
+  // The parked frees to run now if this ended the last capture (else empty).
+  std::vector<ParkedFree> end(StreamInfo* s);
+  // Whether `s` is being captured. Asks the driver only while some capture is on; answers
+  // true when it cannot tell (another thread's per-thread stream, a driver error).
+  bool capturing(StreamInfo* s);
+  // Parks `f` unless no capture is on any more (then false: free it now). `duplicate` is set
+  // (and nothing parked) when the same pointer is already parked: a double free.
+  bool park(const ParkedFree& f, bool* duplicate);
+  // Forgets parked frees of a context that is gone.
+  void drop_owner(ContextState* owner);
+
+ private:
+  std::atomic<int> active_{0};
+  std::mutex mutex_;
+  std::vector<StreamInfo*> capturing_;
+  std::vector<ParkedFree> parked_;
+};
+
+}  // namespace cudalloc::shim

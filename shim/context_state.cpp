@@ -1,0 +1,75 @@
+#include "shim/context_state.h"
+
+#include <algorithm>
+
+#include "shim/current_context.h"
+#include "shim/driver_api.h"
+#include "shim/log.h"
+
+namespace cudalloc::shim {
+
+ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures)
+    : ctx(c), device(dev), backend(c, dev, captures), allocator(backend, options, static_cast<int>(dev)) {}
+
+ContextState* ContextRegistry::find(CUcontext ctx) const {
+  for (ContextState* s : live()) {
+    if (s->ctx == ctx) return s;
+  }
+  return nullptr;
+}
+
+ContextState* ContextRegistry::current() {
+  CUcontext ctx = nullptr;
+  if (driver().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  if (ContextState* s = find(ctx)) return s;
+  return get(ctx);
+}
+
+ContextState* ContextRegistry::get(CUcontext ctx) {
+  if (ctx == nullptr) return nullptr;
+  if (ContextState* s = find(ctx)) return s;
+  std::lock_guard lock(mutex_);
+  if (ContextState* s = find(ctx)) return s;
+  CUdevice dev = 0;
+  {
+    CurrentContext current(ctx);
+    if (driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+  }
+  // Never freed: other threads may still hold it, and nothing is given back at exit.
+  auto* state = new ContextState(ctx, dev, options_, captures_);
+  auto* next = new std::vector<ContextState*>(live());
+  next->push_back(state);
+  snapshot_.store(next, std::memory_order_release);
+  log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
+  return state;
+}
+
+ContextState* ContextRegistry::owner(CUdeviceptr p) const {
+  for (ContextState* s : live()) {
+    if (s->allocator.owns(static_cast<DevicePtr>(p))) return s;
+  }
+  return nullptr;
+}
+
+bool ContextRegistry::is_live(const ContextState* s) const {
+  const auto& v = live();
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+void ContextRegistry::drop(CUcontext ctx) {
+  ContextState* state = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    state = find(ctx);
+    if (state == nullptr) return;
+    auto* next = new std::vector<ContextState*>(live());
+    std::erase(*next, state);
+    snapshot_.store(next, std::memory_order_release);
+  }
+  state->backend.mark_dead();
+  state->allocator.forget_all();
+  captures_.drop_owner(state);
+  log_debug("context %p gone: its cached blocks are forgotten", static_cast<void*>(ctx));
+}
+
+}  // namespace cudalloc::shim

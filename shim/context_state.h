@@ -1,0 +1,50 @@
+// One caching allocator per CUDA context, so a device's blocks never serve another device
+// and a context that goes away (cuCtxDestroy, cudaDeviceReset) takes only its own blocks.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "shim/capture.h"
+#include "shim/cuda_api.h"
+#include "shim/driver_backend.h"
+
+namespace cudalloc::shim {
+
+struct ContextState {
+  ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures);
+  CUcontext ctx;
+  CUdevice device;
+  DriverBackend backend;
+  DeviceAllocator allocator;
+};
+
+class ContextRegistry {
+ public:
+  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures)
+      : options_(options), captures_(captures) {}
+
+  // The state of the calling thread's current context; null when there is none.
+  ContextState* current();
+  // The state of `ctx`, made if needed (the context need not be current).
+  ContextState* get(CUcontext ctx);
+  ContextState* find(CUcontext ctx) const;
+  // The state whose allocator holds `p` (live, free or pending); null if none.
+  ContextState* owner(CUdeviceptr p) const;
+  // The live states (a snapshot: safe to use while others change the registry).
+  const std::vector<ContextState*>& live() const { return *snapshot_.load(std::memory_order_acquire); }
+  bool is_live(const ContextState* s) const;
+  // The context is gone: forget its blocks without touching the device, never use it again.
+  void drop(CUcontext ctx);
+
+ private:
+  const AllocatorOptions& options_;
+  CaptureTracker& captures_;
+  std::mutex mutex_;  // writers
+  // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
+  std::atomic<const std::vector<ContextState*>*> snapshot_{new std::vector<ContextState*>};
+};
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,47 @@
+#include "shim/driver_api.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "shim/real_dlsym.h"
+
+namespace cudalloc::shim {
+
+namespace {
+
+std::atomic<const DriverApi*> g_api{nullptr};
+std::mutex g_resolve_mutex;  // the first lookups race; one thread resolves, others wait
+const DriverApi g_empty{};
+
+const DriverApi* resolve(void* handle) {
+  std::lock_guard lock(g_resolve_mutex);
+  if (const DriverApi* done = g_api.load(std::memory_order_acquire)) return done;
+  // Never freed: hooks may run during exit, after static destructors.
+  auto* api = new DriverApi;
+  const DlsymFn sym = real_dlsym();
+#define CUDALLOC_RESOLVE(name, type) api->name = reinterpret_cast<std::add_pointer_t<type>>(sym(handle, #name));
+  CUDALLOC_DRIVER_FUNCTIONS(CUDALLOC_RESOLVE)
+#undef CUDALLOC_RESOLVE
+  g_api.store(api, std::memory_order_release);
+  return api;
+}
+
+}  // namespace
+
+const DriverApi* driver_if_loaded() {
+  if (const DriverApi* api = g_api.load(std::memory_order_acquire)) return api;
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  return resolve(handle);  // the NOLOAD reference is kept: libcuda is never unloaded
+}
+
+const DriverApi& driver() {
+  if (const DriverApi* api = driver_if_loaded()) return *api;
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (handle == nullptr) return g_empty;
+  return *resolve(handle);
+}
+
+}  // namespace cudalloc::shim

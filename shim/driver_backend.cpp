@@ -1,0 +1,407 @@
+#include "shim/driver_backend.h"
+
+#include <algorithm>
+
+#include "shim/current_context.h"
+#include "shim/driver_api.h"
+#include "shim/log.h"
+
+namespace cudalloc::shim {
+
+namespace {
+
+Status to_status(CUresult r) {
+  switch (r) {
+    case CUDA_SUCCESS: return Status::kOk;
+    case CUDA_ERROR_OUT_OF_MEMORY: return Status::kOutOfMemory;
+    case CUDA_ERROR_DEINITIALIZED: return Status::kDeinitialized;
+    case CUDA_ERROR_INVALID_VALUE: return Status::kInvalidValue;
+    default: return Status::kBackendError;
+  }
+}
+
+// NOT_READY is the only answer that means "still running": success, or an error (the driver
+// is shutting down, the context is broken) both mean no work will touch the memory any more.
+bool event_done(CUevent e) { return driver().cuEventQuery(e) != CUDA_ERROR_NOT_READY; }
+
+}  // namespace
+
+// The last work of a non-blocking stream destroyed with work still queued.
+struct DriverBackend::Tail {
+  DriverBackend* backend;
+  CUevent event;
+  std::atomic<bool> done{false};
+  Tail(DriverBackend* b, CUevent e) : backend(b), event(e) {}
+  ~Tail() { backend->give_event(event); }
+  bool query() {
+    if (!done.load(std::memory_order_acquire) && event_done(event)) done.store(true, std::memory_order_release);
+    return done.load(std::memory_order_acquire);
+  }
+};
+
+namespace {
+
+class DoneFence final : public Fence {
+ public:
+  bool done() override { return true; }
+  bool wait() override { return true; }
+};
+
+// Events recorded on one or more streams (a stream fence has one, a device fence several).
+class EventFence final : public Fence {
+ public:
+  explicit EventFence(DriverBackend* b) : backend_(b) {}
+  ~EventFence() override {
+    for (CUevent e : events) backend_->give_event(e);
+  }
+  bool done() override {
+    if (backend_->dead()) return true;
+    while (!events.empty()) {
+      if (!event_done(events.back())) return false;
+      backend_->give_event(events.back());
+      events.pop_back();
+    }
+    while (!tails.empty()) {
+      if (!tails.back()->query()) return false;
+      tails.pop_back();
+    }
+    return true;
+  }
+  bool wait() override {
+    if (backend_->dead()) return true;
+    if (backend_->captures().any()) return done();  // synchronizing now could break a capture
+    for (CUevent e : events) driver().cuEventSynchronize(e);
+    for (auto& t : tails) driver().cuEventSynchronize(t->event);
+    for (CUevent e : events) backend_->give_event(e);
+    events.clear();
+    tails.clear();
+    return true;
+  }
+
+  std::vector<CUevent> events;
+  std::vector<std::shared_ptr<DriverBackend::Tail>> tails;
+
+ private:
+  DriverBackend* backend_;
+};
+
+// When no event could be recorded: the memory is only reusable once someone synchronized
+// (the out-of-memory ladder, release_cached). Safe, and rare.
+class SyncFence final : public Fence {
+ public:
+  explicit SyncFence(DriverBackend* b) : backend_(b) {}
+  bool done() override { return synced_ || backend_->dead(); }
+  bool wait() override {
+    if (done()) return true;
+    if (backend_->captures().any()) return false;
+    CurrentContext current(backend_->context());
+    driver().cuCtxSynchronize();
+    synced_ = true;
+    return true;
+  }
+
+ private:
+  DriverBackend* backend_;
+  bool synced_ = false;
+};
+
+// Recorded while a capture was on: becomes a device fence once no capture is on.
+class DeferredFence final : public Fence {
+ public:
+  explicit DeferredFence(DriverBackend* b) : backend_(b) {}
+  bool done() override {
+    if (backend_->dead()) return true;
+    return materialize() && inner_->done();
+  }
+  bool wait() override {
+    if (backend_->dead()) return true;
+    return materialize() && inner_->wait();
+  }
+
+ private:
+  bool materialize() {
+    if (inner_) return true;
+    if (backend_->captures().any()) return false;
+    inner_ = backend_->device_fence_now();
+    return true;
+  }
+  DriverBackend* backend_;
+  std::unique_ptr<Fence> inner_;
+};
+
+}  // namespace
+
+DriverBackend::DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures)
+    : ctx_(ctx), device_(device), captures_(captures) {
+  const DriverApi& d = driver();
+  if (d.cuDeviceTotalMem_v2 == nullptr || d.cuDeviceTotalMem_v2(&total_, device) != CUDA_SUCCESS) {
+    total_ = 0;
+  }
+}
+
+// Backends live as long as the process (contexts that are gone keep theirs, dead).
+DriverBackend::~DriverBackend() = default;
+
+bool DriverBackend::dead() const {
+  std::lock_guard lock(mutex_);
+  return dead_;
+}
+
+void DriverBackend::mark_dead() {
+  std::lock_guard lock(mutex_);
+  dead_ = true;
+  free_events_.clear();  // destroyed with the context
+  non_blocking_.clear();
+  tails_.clear();
+  mapped_.clear();
+  deferred_frees_.clear();
+}
+
+CUevent DriverBackend::take_event() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!free_events_.empty()) {
+      CUevent e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  CUevent e = nullptr;
+  if (driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return e;
+}
+
+void DriverBackend::give_event(CUevent e) {
+  if (e == nullptr) return;
+  std::lock_guard lock(mutex_);
+  if (!dead_) free_events_.push_back(e);
+}
+
+void DriverBackend::add_stream(StreamInfo* s) {
+  if (!s->non_blocking) return;
+  std::lock_guard lock(mutex_);
+  if (std::find(non_blocking_.begin(), non_blocking_.end(), s) == non_blocking_.end()) {
+    non_blocking_.push_back(s);
+  }
+}
+
+void DriverBackend::remove_stream(StreamInfo* s) {
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_) return;
+    auto it = std::find(non_blocking_.begin(), non_blocking_.end(), s);
+    if (it == non_blocking_.end()) return;
+    non_blocking_.erase(it);
+  }
+  // cuStreamDestroy returns at once and its queued work still runs: device fences recorded
+  // from now on must wait for it. (A capturing stream cannot be destroyed mid-capture.)
+  CurrentContext current(ctx_);
+  CUevent e = take_event();
+  if (e == nullptr) return;
+  if (driver().cuEventRecord(e, s->handle) != CUDA_SUCCESS) {
+    give_event(e);
+    return;
+  }
+  auto tail = std::make_shared<Tail>(this, e);
+  std::lock_guard lock(mutex_);
+  tails_.push_back(std::move(tail));
+}
+
+std::unique_ptr<Fence> DriverBackend::device_fence_now() {
+  if (dead()) return std::make_unique<DoneFence>();
+  flush_deferred_frees();
+  CurrentContext current(ctx_);
+  auto fence = std::make_unique<EventFence>(this);
+  std::vector<CUstream> targets{CU_STREAM_LEGACY};
+  {
+    std::lock_guard lock(mutex_);
+    for (StreamInfo* s : non_blocking_) targets.push_back(s->handle);
+    std::erase_if(tails_, [](const std::shared_ptr<Tail>& t) { return t->query(); });
+    fence->tails = tails_;
+  }
+  for (CUstream s : targets) {
+    CUevent e = take_event();
+    const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);
+    if (r == CUDA_SUCCESS) {
+      fence->events.push_back(e);
+      continue;
+    }
+    give_event(e);
+    if (r == CUDA_ERROR_DEINITIALIZED) return std::make_unique<DoneFence>();
+    log_debug("device fence: cannot record an event (error %d); falling back to a synchronize", r);
+    return std::make_unique<SyncFence>(this);
+  }
+  return fence;
+}
+
+std::unique_ptr<Fence> DriverBackend::record_device_fence() {
+  if (dead()) return std::make_unique<DoneFence>();
+  if (captures_.any()) return std::make_unique<DeferredFence>(this);
+  return device_fence_now();
+}
+
+std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
+  if (dead()) return std::make_unique<DoneFence>();
+  if (stream == kNoStream || captures_.any()) return record_device_fence();
+  StreamInfo* info = info_of(stream);
+  CUstream handle = nullptr;
+  // Another thread's per-thread stream, a destroyed stream or one of another context: the
+  // device fence covers it (destroyed non-blocking streams through their tails).
+  if (!driver_handle(info, &handle) ||
+      (info->kind == StreamInfo::Kind::kCreated && info->ctx != ctx_)) {
+    return device_fence_now();
+  }
+  CurrentContext current(ctx_);
+  CUevent e = take_event();
+  const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, handle);
+  if (r == CUDA_SUCCESS) {
+    auto fence = std::make_unique<EventFence>(this);
+    fence->events.push_back(e);
+    return fence;
+  }
+  give_event(e);
+  if (r == CUDA_ERROR_DEINITIALIZED) return std::make_unique<DoneFence>();
+  return device_fence_now();
+}
+
+Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
+  *out = 0;
+  if (dead()) return Status::kBackendError;
+  flush_deferred_frees();
+  CurrentContext current(ctx_);
+  CUdeviceptr p = 0;
+  const CUresult r = driver().cuMemAlloc_v2(&p, bytes);
+  if (r != CUDA_SUCCESS) return to_status(r);
+  *out = static_cast<DevicePtr>(p);
+  return Status::kOk;
+}
+
+void DriverBackend::flush_deferred_frees() {
+  std::vector<DevicePtr> frees;
+  {
+    std::lock_guard lock(mutex_);
+    if (deferred_frees_.empty() || captures_.any()) return;
+    frees.swap(deferred_frees_);
+  }
+  for (DevicePtr p : frees) free_segment(p, 0);
+}
+
+Status DriverBackend::free_segment(DevicePtr ptr, std::size_t /*bytes*/) {
+  if (dead()) return Status::kOk;
+  if (captures_.any()) {
+    std::lock_guard lock(mutex_);
+    deferred_frees_.push_back(ptr);
+    return Status::kOk;
+  }
+  CurrentContext current(ctx_);
+  const CUresult r = driver().cuMemFree_v2(static_cast<CUdeviceptr>(ptr));
+  // At exit the driver may be gone already: the memory went with it.
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return Status::kOk;
+  log_warn("cuMemFree of a segment at 0x%llx failed with error %d", static_cast<unsigned long long>(ptr), r);
+  return to_status(r);
+}
+
+namespace {
+CUmemAllocationProp device_prop(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+}  // namespace
+
+bool DriverBackend::supports_virtual_memory() const {
+  const DriverApi& d = driver();
+  if (!d.cuDeviceGetAttribute || !d.cuMemCreate || !d.cuMemMap || !d.cuMemSetAccess) return false;
+  int v = 0;
+  return d.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_) ==
+             CUDA_SUCCESS && v != 0;
+}
+
+std::size_t DriverBackend::vm_granularity() const {
+  const CUmemAllocationProp prop = device_prop(device_);
+  std::size_t g = 0;
+  if (driver().cuMemGetAllocationGranularity == nullptr ||
+      driver().cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+      g == 0) {
+    return 2 * kMiB;
+  }
+  return g;
+}
+
+Status DriverBackend::reserve_address(std::size_t bytes, DevicePtr* out) {
+  *out = 0;
+  if (dead()) return Status::kBackendError;
+  CurrentContext current(ctx_);
+  CUdeviceptr p = 0;
+  const CUresult r = driver().cuMemAddressReserve(&p, bytes, vm_granularity(), 0, 0);
+  if (r != CUDA_SUCCESS) return to_status(r);
+  *out = static_cast<DevicePtr>(p);
+  return Status::kOk;
+}
+
+Status DriverBackend::free_address(DevicePtr base, std::size_t bytes) {
+  if (dead()) return Status::kOk;
+  CurrentContext current(ctx_);
+  const CUresult r = driver().cuMemAddressFree(static_cast<CUdeviceptr>(base), bytes);
+  return r == CUDA_ERROR_DEINITIALIZED ? Status::kOk : to_status(r);
+}
+
+Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
+  if (dead()) return Status::kBackendError;
+  const DriverApi& d = driver();
+  CurrentContext current(ctx_);
+  const CUmemAllocationProp prop = device_prop(device_);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = d.cuMemCreate(&h, bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) return to_status(r);
+  r = d.cuMemMap(static_cast<CUdeviceptr>(va), bytes, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemRelease(h);
+    return to_status(r);
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemUnmap(static_cast<CUdeviceptr>(va), bytes);
+    d.cuMemRelease(h);
+    return to_status(r);
+  }
+  std::lock_guard lock(mutex_);
+  mapped_[va] = {bytes, h};
+  return Status::kOk;
+}
+
+Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
+  if (dead()) return Status::kOk;
+  std::vector<std::pair<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>>> pieces;
+  {
+    std::lock_guard lock(mutex_);
+    // The range must be covered exactly by earlier map() calls; check before touching any.
+    DevicePtr at = va;
+    auto it = mapped_.find(va);
+    while (it != mapped_.end() && at < va + bytes && it->first == at) {
+      at += it->second.first;
+      ++it;
+    }
+    if (at != va + bytes) return Status::kInvalidValue;
+    for (auto i = mapped_.find(va); i != it;) {
+      pieces.emplace_back(i->first, i->second);
+      i = mapped_.erase(i);
+    }
+  }
+  const DriverApi& d = driver();
+  CurrentContext current(ctx_);
+  Status result = Status::kOk;
+  for (const auto& [base, piece] : pieces) {
+    CUresult r = d.cuMemUnmap(static_cast<CUdeviceptr>(base), piece.first);
+    if (r == CUDA_SUCCESS) r = d.cuMemRelease(piece.second);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && result == Status::kOk) result = to_status(r);
+  }
+  return result;
+}
+
+}  // namespace cudalloc::shim

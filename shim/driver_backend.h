@@ -1,0 +1,74 @@
+// SegmentBackend over the real driver, for one context.
+//
+// Fences are events (pooled, timing disabled). A device fence must cover every stream of the
+// context: an event on the legacy stream covers blocking streams and per-thread default
+// streams, but not non-blocking ones, so it also records on each known non-blocking stream,
+// and waits for the last work of non-blocking streams destroyed while it was still queued.
+// While a capture is on, fences are deferred: they record (as a device fence, later than
+// needed, which is safe) once no capture is on any more.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "allocator/backend.h"
+#include "shim/capture.h"
+#include "shim/cuda_api.h"
+#include "shim/streams.h"
+
+namespace cudalloc::shim {
+
+class DriverBackend final : public SegmentBackend {
+ public:
+  DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures);
+  ~DriverBackend() override;
+
+  Status allocate_segment(std::size_t bytes, DevicePtr* out) override;
+  Status free_segment(DevicePtr ptr, std::size_t bytes) override;
+  std::unique_ptr<Fence> record_fence(StreamHandle stream) override;
+  std::unique_ptr<Fence> record_device_fence() override;
+  std::size_t total_memory() const override { return total_; }
+
+  bool supports_virtual_memory() const override;
+  std::size_t vm_granularity() const override;
+  Status reserve_address(std::size_t bytes, DevicePtr* out) override;
+  Status free_address(DevicePtr base, std::size_t bytes) override;
+  Status map(DevicePtr va, std::size_t bytes) override;
+  Status unmap(DevicePtr va, std::size_t bytes) override;
+
+  // A non-blocking stream of this context (from the stream hooks).
+  void add_stream(StreamInfo* s);
+  // Called before the stream is destroyed: remembers an event after its last work.
+  void remove_stream(StreamInfo* s);
+  // The context is gone: no driver call on its objects any more.
+  void mark_dead();
+  bool dead() const;
+  CUcontext context() const { return ctx_; }
+  CUdevice device() const { return device_; }
+
+  // --- for the fences
+  struct Tail;
+  std::unique_ptr<Fence> device_fence_now();
+  CUevent take_event();
+  void give_event(CUevent e);
+  const CaptureTracker& captures() const { return captures_; }
+
+ private:
+  CUcontext ctx_;
+  CUdevice device_;
+  CaptureTracker& captures_;
+  std::size_t total_ = 0;
+  mutable std::mutex mutex_;  // everything below
+  bool dead_ = false;
+  std::vector<CUevent> free_events_;
+  std::vector<StreamInfo*> non_blocking_;
+  std::vector<std::shared_ptr<Tail>> tails_;
+  std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
+  // Segments given back while a capture was on (cuMemFree would break a global capture).
+  std::vector<DevicePtr> deferred_frees_;
+  void flush_deferred_frees();
+};
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,23 @@
+// Giving a block back to its allocator: the part shared by cuMemFree, cuMemFreeAsync and the
+// end of a capture (frees that arrived during one were parked until then).
+#pragma once
+
+#include <vector>
+
+#include "shim/cuda_api.h"
+#include "shim/runtime.h"
+
+namespace cudalloc::shim {
+
+CUresult to_cuda(Status s);
+
+// `ptr` lies in memory `owner` holds. async: cuMemFreeAsync on `stream`; else cuMemFree,
+// host-blocking when `sync` (free_sync:true). Double and interior frees give
+// CUDA_ERROR_INVALID_VALUE with a warning and leave the cache as it was.
+CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool async,
+                    StreamInfo* stream, bool sync);
+
+// Runs frees parked during a capture that just ended.
+void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked);
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,56 @@
+// The driver functions cudalloc exports and hands out in place of the driver's own.
+// Each has exactly the type of the driver function of the same name (driver_api.h).
+#pragma once
+
+#include <type_traits>
+
+#include "shim/driver_api.h"
+
+// X(export name)
+#define CUDALLOC_HOOKS(X)             \
+  X(cuGetProcAddress)                 \
+  X(cuGetProcAddress_v2)              \
+  X(cuMemAlloc_v2)                    \
+  X(cuMemFree_v2)                     \
+  X(cuMemAllocAsync)                  \
+  X(cuMemAllocAsync_ptsz)             \
+  X(cuMemFreeAsync)                   \
+  X(cuMemFreeAsync_ptsz)              \
+  X(cuMemAllocPitch_v2)               \
+  X(cuMemGetInfo_v2)                  \
+  X(cuMemGetAddressRange_v2)          \
+  X(cuPointerGetAttribute)            \
+  X(cuPointerGetAttributes)           \
+  X(cuIpcGetMemHandle)                \
+  X(cuStreamCreate)                   \
+  X(cuStreamCreateWithPriority)       \
+  X(cuStreamDestroy)                  \
+  X(cuStreamDestroy_v2)               \
+  X(cuStreamBeginCapture)             \
+  X(cuStreamBeginCapture_ptsz)        \
+  X(cuStreamBeginCapture_v2)          \
+  X(cuStreamBeginCapture_v2_ptsz)     \
+  X(cuStreamBeginCaptureToGraph)      \
+  X(cuStreamBeginCaptureToGraph_ptsz) \
+  X(cuStreamEndCapture)               \
+  X(cuStreamEndCapture_ptsz)          \
+  X(cuCtxDestroy)                     \
+  X(cuCtxDestroy_v2)                  \
+  X(cuDevicePrimaryCtxReset)          \
+  X(cuDevicePrimaryCtxReset_v2)       \
+  X(cuDevicePrimaryCtxRelease)        \
+  X(cuDevicePrimaryCtxRelease_v2)
+
+#define CUDALLOC_DECLARE_HOOK(name) \
+  CUDALLOC_EXPORT std::remove_pointer_t<decltype(cudalloc::shim::DriverApi::name)> name;
+CUDALLOC_HOOKS(CUDALLOC_DECLARE_HOOK)
+#undef CUDALLOC_DECLARE_HOOK
+
+namespace cudalloc::shim {
+
+// Our hook for a pointer the driver handed out, or `real` itself when we do not wrap it.
+void* substitute(void* real);
+// True for the export names we wrap (cheap; most names fail on the first characters).
+bool is_hooked_name(const char* symbol);
+
+}  // namespace cudalloc::shim

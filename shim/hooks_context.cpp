@@ -1,0 +1,70 @@
+// Context lifetime: when a context goes (cuCtxDestroy, cudaDeviceReset through
+// cuDevicePrimaryCtxReset, the last cuDevicePrimaryCtxRelease), its allocator forgets every
+// block without touching the device, and is never used again. Old pointers then go to the
+// driver, which rejects them as it does natively.
+#include "shim/hooks.h"
+#include "shim/runtime.h"
+
+using namespace cudalloc;
+using namespace cudalloc::shim;
+
+namespace {
+
+// The device's primary context if it is active (retain + release leave its count as it was;
+// an inactive one is not created).
+CUcontext active_primary(CUdevice dev) {
+  const DriverApi& d = driver();
+  unsigned flags = 0;
+  int active = 0;
+  if (d.cuDevicePrimaryCtxGetState == nullptr || d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS ||
+      active == 0) {
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
+  d.cuDevicePrimaryCtxRelease_v2(dev);
+  return ctx;
+}
+
+CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
+  if (ProcessState* ps = caching_state()) ps->contexts.drop(ctx);
+  return real(ctx);
+}
+
+CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev) {
+  if (ProcessState* ps = caching_state()) {
+    if (CUcontext ctx = active_primary(dev)) ps->contexts.drop(ctx);
+  }
+  return real(dev);
+}
+
+CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev) {
+  ProcessState* ps = caching_state();
+  CUcontext ctx = ps == nullptr ? nullptr : active_primary(dev);
+  const CUresult r = real(dev);
+  if (ctx != nullptr && r == CUDA_SUCCESS) {
+    unsigned flags = 0;
+    int active = 1;
+    if (driver().cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active == 0) {
+      ps->contexts.drop(ctx);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+CUDALLOC_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return ctx_destroy(driver().cuCtxDestroy, ctx); }
+CUDALLOC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(driver().cuCtxDestroy_v2, ctx); }
+CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return primary_reset(driver().cuDevicePrimaryCtxReset, dev);
+}
+CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return primary_reset(driver().cuDevicePrimaryCtxReset_v2, dev);
+}
+CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return primary_release(driver().cuDevicePrimaryCtxRelease, dev);
+}
+CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return primary_release(driver().cuDevicePrimaryCtxRelease_v2, dev);
+}

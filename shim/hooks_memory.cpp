@@ -1,0 +1,215 @@
+// The memory calls: served from the caching allocator of the current context, or passed to
+// the driver (passthrough mode, no context, pointers cudalloc does not own, graph memory).
+#include <algorithm>
+#include <limits>
+
+#include "shim/free_path.h"
+#include "shim/hooks.h"
+#include "shim/log.h"
+#include "shim/runtime.h"
+
+using namespace cudalloc;
+using namespace cudalloc::shim;
+
+namespace {
+
+CUresult out_of_memory(ContextState& s, std::size_t bytes) {
+  if (const auto report = s.allocator.last_oom()) {
+    log_error("%s", report->message().c_str());
+  } else {
+    log_error("out of memory allocating %zu bytes on device %d", bytes, static_cast<int>(s.device));
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
+  DevicePtr p = 0;
+  const Status st = s.allocator.allocate(bytes, stream, &p, async);
+  if (st == Status::kOk) {
+    *dptr = static_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+  }
+  if (st == Status::kOutOfMemory) return out_of_memory(s, bytes);
+  return to_cuda(st);
+}
+
+CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (ps == nullptr) return d.cuMemAlloc_v2(dptr, bytes);
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;  // the driver's answers
+  ContextState* s = ps->contexts.current();
+  if (s == nullptr) return d.cuMemAlloc_v2(dptr, bytes);  // no context: the driver's own error
+  return allocate(*s, dptr, bytes, kNoStream, false);
+}
+
+CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  auto* real = ptsz ? d.cuMemAllocAsync_ptsz : d.cuMemAllocAsync;
+  if (ps == nullptr || dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
+  bool learnt = false;
+  StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
+  ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : ps->contexts.current();
+  if (s == nullptr) return real(dptr, bytes, stream);
+  if (learnt) s->backend.add_stream(si);
+  // On a capturing stream the driver makes a graph memory node; that pointer is not ours.
+  if (ps->captures.any() && ps->captures.capturing(si)) return real(dptr, bytes, stream);
+  return allocate(*s, dptr, bytes, key_of(si), true);
+}
+
+CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  auto* real = ptsz ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
+  if (ps == nullptr || ptr == 0) return real(ptr, stream);
+  ContextState* owner = ps->contexts.owner(ptr);
+  if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
+  bool learnt = false;
+  StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
+  if (learnt && si->kind == StreamInfo::Kind::kCreated) {
+    if (ContextState* sc = ps->contexts.get(si->ctx)) sc->backend.add_stream(si);
+  }
+  return free_owned(*ps, *owner, ptr, true, si, false);
+}
+
+}  // namespace
+
+CUDALLOC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
+
+CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (ps == nullptr) return d.cuMemFree_v2(ptr);
+  if (ptr == 0) return CUDA_SUCCESS;  // cudaFree(NULL) reaches the driver and succeeds
+  ContextState* owner = ps->contexts.owner(ptr);
+  if (owner == nullptr) return d.cuMemFree_v2(ptr);
+  return free_owned(*ps, *owner, ptr, false, nullptr, runtime().config.free_sync);
+}
+
+CUDALLOC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return mem_alloc_async(dptr, bytes, stream, false);
+}
+CUDALLOC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return mem_alloc_async(dptr, bytes, stream, true);
+}
+CUDALLOC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { return mem_free_async(ptr, stream, false); }
+CUDALLOC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) {
+  return mem_free_async(ptr, stream, true);
+}
+
+// The driver's rules: element size 4, 8 or 16; rows padded to the pitch alignment (512 bytes
+// on every current GPU); a size that overflows is an invalid value.
+CUDALLOC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                            unsigned int element_size) {
+  ProcessState* ps = caching_state();
+  if (ps == nullptr) return driver().cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (element_size != 4 && element_size != 8 && element_size != 16) return CUDA_ERROR_INVALID_VALUE;
+  constexpr std::size_t kPitchAlign = 512;
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  if (width > kMax - (kPitchAlign - 1)) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t row = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
+  if (height > kMax / row) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult r = mem_alloc(dptr, row * height);
+  if (r == CUDA_SUCCESS) *pitch = row;
+  return r;
+}
+
+// Idle cached bytes are free memory as far as the program is concerned; with a memory limit,
+// the limit is the total.
+CUDALLOC_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  ProcessState* ps = caching_state();
+  const CUresult r = driver().cuMemGetInfo_v2(free_bytes, total_bytes);
+  if (ps == nullptr || r != CUDA_SUCCESS || free_bytes == nullptr || total_bytes == nullptr) return r;
+  ContextState* s = ps->contexts.current();
+  if (s == nullptr) return r;
+  const std::size_t cached = s->allocator.cached_bytes();
+  std::size_t free_now = *free_bytes + cached;
+  const AllocatorOptions& o = runtime().config.allocator;
+  if (o.memory_limit_bytes != 0 || o.per_process_memory_fraction < 1.0) {
+    const std::size_t limit = s->allocator.memory_limit();
+    const auto reserved =
+        static_cast<std::size_t>(s->allocator.stats().reserved_bytes[kStatAll].current);
+    const std::size_t in_use = reserved > cached ? reserved - cached : 0;
+    free_now = std::min(free_now, limit > in_use ? limit - in_use : 0);
+    *total_bytes = std::min(*total_bytes, limit);
+  }
+  *free_bytes = std::min(free_now, *total_bytes);
+  return r;
+}
+
+// The block the program got, not the segment around it.
+CUDALLOC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
+  ProcessState* ps = caching_state();
+  ContextState* owner = ps == nullptr ? nullptr : ps->contexts.owner(ptr);
+  if (owner == nullptr) return driver().cuMemGetAddressRange_v2(base, size, ptr);
+  const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
+  if (!info) return CUDA_ERROR_NOT_FOUND;  // freed memory inside a cached segment
+  if (base != nullptr) *base = static_cast<CUdeviceptr>(info->base);
+  if (size != nullptr) *size = info->size;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// Fills a range attribute of a cached block; false for any other attribute.
+bool block_attribute(const AllocationInfo& info, CUpointer_attribute attr, void* data) {
+  if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+    *static_cast<CUdeviceptr*>(data) = static_cast<CUdeviceptr>(info.base);
+    return true;
+  }
+  if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+    *static_cast<size_t*>(data) = info.size;
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
+CUDALLOC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (ps == nullptr || data == nullptr ||
+      (attr != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attr != CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+    return d.cuPointerGetAttribute(data, attr, ptr);
+  }
+  ContextState* owner = ps->contexts.owner(ptr);
+  if (owner == nullptr) return d.cuPointerGetAttribute(data, attr, ptr);
+  const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
+  if (!info) return CUDA_ERROR_INVALID_VALUE;
+  block_attribute(*info, attr, data);
+  return CUDA_SUCCESS;
+}
+
+CUDALLOC_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attrs, void** data,
+                                                CUdeviceptr ptr) {
+  ProcessState* ps = caching_state();
+  const CUresult r = driver().cuPointerGetAttributes(count, attrs, data, ptr);
+  if (ps == nullptr || r != CUDA_SUCCESS || attrs == nullptr || data == nullptr) return r;
+  ContextState* owner = ps->contexts.owner(ptr);
+  if (owner == nullptr) return r;
+  const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
+  if (!info) return r;
+  for (unsigned i = 0; i < count; ++i) {
+    if (data[i] != nullptr) block_attribute(*info, attrs[i], data[i]);
+  }
+  return r;
+}
+
+// A handle names a whole driver allocation, and the receiver maps it at its start. That is
+// the right memory only for a block that starts its segment; any other block fails loudly
+// rather than hand out a handle to the wrong bytes.
+CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr ptr) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  ContextState* owner = ps == nullptr ? nullptr : ps->contexts.owner(ptr);
+  if (owner == nullptr) return d.cuIpcGetMemHandle(handle, ptr);
+  const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
+  if (!info) return CUDA_ERROR_INVALID_VALUE;
+  if (info->base == info->segment_base) return d.cuIpcGetMemHandle(handle, ptr);
+  log_error("cuIpcGetMemHandle(0x%llx): this block lies inside a larger cached segment (at offset %zu) and an "
+            "IPC handle would open at the segment's start, not at this block; IPC of sub-allocated "
+            "blocks is not supported. Run the exporting process with CUDALLOC_NO_CACHING=1.",
+            static_cast<unsigned long long>(ptr), static_cast<std::size_t>(info->base - info->segment_base));
+  return CUDA_ERROR_INVALID_VALUE;
+}

@@ -1,0 +1,109 @@
+// How programs reach the hooks: every runtime (static or shared) and most libraries get
+// driver entry points through dlsym on the libcuda handle and cuGetProcAddress(_v2); we
+// override dlsym and wrap cuGetProcAddress, and hand out our hook wherever the driver's
+// answer is the exact export we wrap. Programs linked with -lcuda bind to our exports.
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "shim/hooks.h"
+#include "shim/real_dlsym.h"
+#include "shim/runtime.h"
+
+namespace cudalloc::shim {
+
+namespace {
+
+struct Pair {
+  void* real;
+  void* hook;
+};
+
+#define CUDALLOC_COUNT(name) +1
+constexpr std::size_t kHooks = 0 CUDALLOC_HOOKS(CUDALLOC_COUNT);
+#undef CUDALLOC_COUNT
+
+constexpr std::array<const char*, kHooks> kNames = {
+#define CUDALLOC_NAME(name) #name,
+    CUDALLOC_HOOKS(CUDALLOC_NAME)
+#undef CUDALLOC_NAME
+};
+
+std::atomic<const std::array<Pair, kHooks>*> g_pairs{nullptr};
+std::mutex g_pairs_mutex;
+
+// By identity: the same base name is asked for at several versions and flags, and the driver
+// answers each with one exact export (cuMemAllocAsync_ptsz, cuMemFree_v2, ...).
+const std::array<Pair, kHooks>* pairs(const DriverApi& d) {
+  if (auto* p = g_pairs.load(std::memory_order_acquire)) return p;
+  std::lock_guard lock(g_pairs_mutex);
+  if (auto* p = g_pairs.load(std::memory_order_acquire)) return p;
+  auto* table = new std::array<Pair, kHooks>{{
+#define CUDALLOC_PAIR(name) Pair{reinterpret_cast<void*>(d.name), reinterpret_cast<void*>(&::name)},
+      CUDALLOC_HOOKS(CUDALLOC_PAIR)
+#undef CUDALLOC_PAIR
+  }};
+  g_pairs.store(table, std::memory_order_release);
+  return table;
+}
+
+void* substitute_with(const DriverApi& d, void* real) {
+  if (real == nullptr) return real;
+  for (const Pair& p : *pairs(d)) {
+    if (p.real == real) return p.hook;
+  }
+  return real;
+}
+
+}  // namespace
+
+void* substitute(void* real) { return substitute_with(driver(), real); }
+
+bool is_hooked_name(const char* symbol) {
+  if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return false;
+  for (const char* n : kNames) {
+    if (std::strcmp(n, symbol) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace cudalloc::shim
+
+using namespace cudalloc::shim;
+
+// RTLD_NEXT (and RTLD_DEFAULT) lookups are forwarded as a tail call: glibc finds "next"
+// relative to its caller, which must stay the program's object, not this library.
+// Other handles: the answer is checked and our hook substituted for a wrapped driver export.
+CUDALLOC_EXPORT void* dlsym(void* handle, const char* symbol) {
+  const DlsymFn real = real_dlsym();
+  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || !is_hooked_name(symbol)) {
+    return real(handle, symbol);
+  }
+  void* p = real(handle, symbol);
+  if (p == nullptr) return p;
+  // Only once libcuda is loaded: a lookup in some other library must not load the driver.
+  const DriverApi* d = driver_if_loaded();
+  return d == nullptr ? p : substitute_with(*d, p);
+}
+
+CUDALLOC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult* status) {
+  runtime();  // the first CUDA call: a bad configuration exits here, before any CUDA work
+  const DriverApi& d = driver();
+  if (d.cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const CUresult r = d.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute_with(d, *pfn);
+  return r;
+}
+
+CUDALLOC_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  runtime();
+  const DriverApi& d = driver();
+  if (d.cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const CUresult r = d.cuGetProcAddress(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute_with(d, *pfn);
+  return r;
+}

@@ -1,0 +1,11 @@
+// The C library's dlsym, for code of the shim that must not meet its own dlsym override.
+#pragma once
+
+namespace cudalloc::shim {
+
+using DlsymFn = void* (*)(void* handle, const char* symbol);
+
+// glibc's dlsym (GLIBC_2.34, or GLIBC_2.2.5 on older C libraries). Never null.
+DlsymFn real_dlsym();
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,70 @@
+#include "shim/runtime.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "shim/log.h"
+#include "shim/passthrough.h"
+
+extern char** environ;
+
+namespace cudalloc::shim {
+
+namespace {
+
+// Heap objects that are never destroyed: hooks run during exit too.
+std::atomic<const Runtime*> g_runtime{nullptr};
+std::atomic<ProcessState*> g_state{nullptr};
+std::mutex g_init_mutex;
+
+// The child of a fork cannot use the parent's CUDA contexts, and locks held by the parent's
+// other threads would stay locked forever: it starts over with empty state (the old is leaked).
+void after_fork_in_child() {
+  new (&g_init_mutex) std::mutex;
+  log_reset_after_fork();
+  const Runtime* rt = g_runtime.load(std::memory_order_relaxed);
+  if (rt != nullptr && !rt->passthrough) {
+    g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
+  }
+}
+
+const Runtime* init() {
+  std::lock_guard lock(g_init_mutex);
+  if (const Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;
+  ConfigResult loaded = load_config(process_env());
+  if (!loaded.config) {
+    std::fprintf(stderr, "cudalloc: %s\n", loaded.error.c_str());
+    std::fflush(stderr);
+    std::exit(1);
+  }
+  auto* rt = new Runtime;
+  rt->config = std::move(*loaded.config);
+  log_configure(rt->config.log_level, rt->config.log_file);
+  const char* reason = "";
+  rt->passthrough = choose_passthrough(rt->config, sanitizer_detected(environ), &reason);
+  log_info("configuration: %s", describe(rt->config).c_str());
+  if (rt->passthrough) log_info("passthrough mode (%s): every call goes to the driver", reason);
+  if (!rt->passthrough) g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  g_runtime.store(rt, std::memory_order_release);
+  return rt;
+}
+
+}  // namespace
+
+const Runtime& runtime() {
+  const Runtime* rt = g_runtime.load(std::memory_order_acquire);
+  return rt != nullptr ? *rt : *init();
+}
+
+ProcessState* caching_state() {
+  if (g_runtime.load(std::memory_order_acquire) == nullptr) init();
+  return g_state.load(std::memory_order_acquire);
+}
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,54 @@
+// The streams the process uses, as keys for the allocator (StreamHandle) and as facts the
+// backend needs: which streams are non-blocking (a device fence must record on each of
+// them), and which stream a per-thread default stream key belongs to.
+//
+// A key is the address of a StreamInfo that is never freed, so a destroyed stream's key is
+// never reused by a new stream that happens to get the same CUstream value.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "allocator/types.h"
+#include "shim/cuda_api.h"
+
+namespace cudalloc::shim {
+
+struct StreamInfo {
+  enum class Kind { kLegacy, kPerThread, kCreated };
+  Kind kind = Kind::kCreated;
+  CUstream handle = nullptr;    // kCreated: the stream; else the driver's special handle
+  CUcontext ctx = nullptr;      // kCreated: the stream's context
+  bool non_blocking = false;
+  std::atomic<bool> alive{true};
+};
+
+inline StreamHandle key_of(const StreamInfo* s) { return reinterpret_cast<StreamHandle>(s); }
+inline StreamInfo* info_of(StreamHandle key) { return reinterpret_cast<StreamInfo*>(key); }
+
+// The handle to pass to the driver for `s` from the calling thread, or nullopt-like false
+// when that cannot be done here (another thread's per-thread default stream).
+bool driver_handle(const StreamInfo* s, CUstream* out);
+
+class StreamRegistry {
+ public:
+  StreamInfo* legacy() { return &legacy_; }
+  // The calling thread's per-thread default stream.
+  StreamInfo* per_thread();
+  // The stream an API call names. `ptsz`: the call was a _ptsz variant, where 0 means the
+  // per-thread default stream. Unknown streams are learnt (cuStreamGetFlags/GetCtx);
+  // `learnt` is set when that happened, so the caller can tell the backend.
+  StreamInfo* resolve(CUstream s, bool ptsz, bool* learnt = nullptr);
+  // A stream the process just created in `ctx`.
+  StreamInfo* created(CUstream s, CUcontext ctx, unsigned flags);
+  // A stream about to be destroyed; null if unknown. Its info stays valid (alive = false).
+  StreamInfo* destroyed(CUstream s);
+
+ private:
+  StreamInfo legacy_{StreamInfo::Kind::kLegacy, CU_STREAM_LEGACY, nullptr, false, {true}};
+  std::mutex mutex_;
+  std::unordered_map<CUstream, StreamInfo*> streams_;
+};
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,616 @@
+// TraceWriter: format, fields from a real DeviceAllocator on the simulated backend, threads,
+// overflow, fork, kill and fatal signals, file safety.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "allocator/sim_backend.h"
+#include "trace/trace_writer.h"
+
+using namespace cudalloc;
+
+namespace {
+
+const char* kColumns =
+    "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,allocated,reserved,extra";
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/cudalloc-trace-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  std::string l;
+  while (std::getline(in, l)) lines.push_back(l);
+  return lines;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+struct Row {
+  std::map<std::string, std::string> f;
+  const std::string& operator[](const char* k) const { return f.at(k); }
+};
+
+// Data records (not comments, not the two header lines).
+std::vector<Row> records(const std::string& path) {
+  auto lines = read_lines(path);
+  REQUIRE(lines.size() >= 2);
+  auto cols = split(lines[1], ',');
+  std::vector<Row> rows;
+  for (std::size_t i = 2; i < lines.size(); ++i) {
+    if (lines[i].empty() || lines[i][0] == '#') continue;
+    auto v = split(lines[i], ',');
+    REQUIRE(v.size() == cols.size());
+    Row r;
+    for (std::size_t c = 0; c < cols.size(); ++c) r.f[cols[c]] = v[c];
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::vector<Row> only(const std::vector<Row>& rows, const std::string& event) {
+  std::vector<Row> out;
+  for (const auto& r : rows) {
+    if (r["event"] == event) out.push_back(r);
+  }
+  return out;
+}
+
+std::string hex(std::uint64_t v) {
+  std::ostringstream o;
+  o << "0x" << std::hex << v;
+  return o.str();
+}
+
+AllocatorEvent event(std::uint64_t ptr, EventKind kind = EventKind::kAlloc) {
+  AllocatorEvent e{};
+  e.kind = kind;
+  e.ptr = ptr;
+  e.requested = 100;
+  e.rounded = 512;
+  e.stream = 0x10;
+  return e;
+}
+
+std::string run_capture(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *status = ::pclose(p);
+  return out;
+}
+
+std::size_t nvtx_forward(char* out, std::size_t cap) noexcept {
+  const char* s = "forward/layer,1";
+  std::size_t n = std::strlen(s);
+  if (n > cap) n = cap;
+  std::memcpy(out, s, n);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("the header names the format, the columns, the process and the start time") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    std::string err;
+    auto w = TraceWriter::open(path, {}, &err);
+    REQUIRE(w != nullptr);
+    CHECK(w->file_path() == path);
+  }
+  auto lines = read_lines(path);
+  REQUIRE(lines.size() >= 5);
+  CHECK(lines[0] == "#cudalloc-trace v1");
+  CHECK(lines[1] == kColumns);
+  CHECK(lines[2].rfind("# pid=" + std::to_string(::getpid()) + " ", 0) == 0);
+  CHECK(lines[3].rfind("# cmdline=", 0) == 0);
+  CHECK(lines[3].find("test_trace_writer") != std::string::npos);
+  CHECK(lines[4].rfind("# start_time=", 0) == 0);
+  CHECK(lines.back() == "# end records=0 dropped=0");
+  CHECK(records(path).empty());
+
+  struct stat st;
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777 & ~0640) == 0);  // never group-writable or world-anything
+}
+
+TEST_CASE("a process that never records starts no writer thread and writes no records") {
+  TempDir dir;
+  auto w = TraceWriter::open(dir / "t.csv", {});
+  REQUIRE(w != nullptr);
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int before = -1;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) before = std::stoi(line.substr(8));
+  }
+  CHECK(before == 1);
+}
+
+TEST_CASE("every allocator event becomes one record with the right fields") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    SimBackend sim(SimOptions{.total_memory = 64 * kMiB, .host_memory = false});
+    DeviceAllocator alloc(sim, AllocatorOptions{}, 3);
+    auto w = TraceWriter::open(path, {});
+    REQUIRE(w != nullptr);
+    alloc.set_observer(w.get());
+
+    DevicePtr a = 0, b = 0, c = 0;
+    REQUIRE(alloc.allocate(1000, 0x10, &a) == Status::kOk);  // miss: segment + alloc
+    REQUIRE(alloc.free(a, FreeOrder::kCompleted) == Status::kOk);
+    REQUIRE(alloc.allocate(1000, 0x10, &b, /*async=*/true) == Status::kOk);  // hit
+    REQUIRE(alloc.allocate(3 * kMiB, kNoStream, &c) == Status::kOk);
+    DevicePtr big = 0;
+    CHECK(alloc.allocate(512 * kMiB, kNoStream, &big) == Status::kOutOfMemory);
+    REQUIRE(alloc.free(b, FreeOrder::kCompleted, 0x10, true) == Status::kOk);
+    REQUIRE(alloc.free(c, FreeOrder::kCompleted) == Status::kOk);
+    alloc.release_cached();
+    alloc.set_observer(nullptr);
+
+    AllocatorEvent pt{};
+    pt.kind = EventKind::kPassthroughAlloc;
+    pt.device = 1;
+    pt.stream = kNoStream;
+    pt.ptr = 0xabc000;
+    pt.requested = pt.rounded = 4096;
+    w->on_event(pt);
+    w->flush();
+    CHECK(w->written_total() > 0);
+    CHECK(w->dropped_total() == 0);
+  }
+  auto rows = records(path);
+  std::vector<std::string> kinds;
+  for (auto& r : rows) kinds.push_back(r["event"]);
+  std::vector<std::string> want = {"segment_alloc", "alloc", "free", "alloc", "segment_alloc",
+                                   "alloc", "oom", "free", "free", "segment_free",
+                                   "segment_free", "cache_release", "passthrough_alloc"};
+  // The allocator releases idle segments while fighting the OOM; compare the stable parts.
+  auto stable = [](const std::string& k) { return k != "segment_free" && k != "cache_release"; };
+  std::vector<std::string> core;
+  for (auto& k : kinds) {
+    if (stable(k)) core.push_back(k);
+  }
+  std::vector<std::string> want_core;
+  for (auto& k : want) {
+    if (stable(k)) want_core.push_back(k);
+  }
+  CHECK(kinds[kinds.size() - 2] == "cache_release");
+  CHECK(core == want_core);
+  CHECK(only(rows, "segment_free").size() == only(rows, "segment_alloc").size());
+
+  const std::string pid = std::to_string(::getpid());
+  std::int64_t last_ts = -1;
+  for (auto& r : rows) {
+    CHECK(r["pid"] == pid);
+    CHECK(std::stoll(r["ts_ns"]) >= last_ts);
+    last_ts = std::stoll(r["ts_ns"]);
+    if (r["event"] != "passthrough_alloc") CHECK(r["device"] == "3");
+  }
+  auto allocs = only(rows, "alloc");
+  REQUIRE(allocs.size() == 3);
+  CHECK(allocs[0]["stream"] == "0x10");
+  CHECK(allocs[0]["requested"] == "1000");
+  CHECK(allocs[0]["rounded"] == "1024");
+  CHECK(allocs[0]["hit"] == "0");
+  CHECK(allocs[0]["result"] == "ok");
+  CHECK(allocs[0]["extra"] == "");
+  CHECK(allocs[1]["hit"] == "1");
+  CHECK(allocs[1]["extra"] == "async=1");
+  CHECK(allocs[1]["ptr"] == allocs[0]["ptr"]);  // the cached block came back
+  CHECK(allocs[2]["stream"] == "-");
+  CHECK(allocs[2]["requested"] == std::to_string(3 * kMiB));
+  CHECK(std::stoull(allocs[2]["allocated"]) == 1024 + std::stoull(allocs[2]["rounded"]));
+  CHECK(std::stoull(allocs[2]["reserved"]) >= std::stoull(allocs[2]["allocated"]));
+
+  auto oom = only(rows, "oom");
+  REQUIRE(oom.size() == 1);
+  CHECK(oom[0]["result"] == "out_of_memory");
+  CHECK(oom[0]["ptr"] == "0x0");
+  CHECK(oom[0]["requested"] == std::to_string(512 * kMiB));
+
+  auto frees = only(rows, "free");
+  CHECK(frees[1]["extra"] == "async=1");
+  CHECK(frees.back()["allocated"] == "0");
+  auto rel = only(rows, "cache_release");
+  REQUIRE(!rel.empty());
+  CHECK(rel.back()["reserved"] == "0");
+  CHECK(rel.back()["allocated"] == "0");
+  auto pt = only(rows, "passthrough_alloc");
+  REQUIRE(pt.size() == 1);
+  CHECK(pt[0]["device"] == "1");
+  CHECK(pt[0]["ptr"] == "0xabc000");
+  CHECK(pt[0]["stream"] == "-");
+}
+
+TEST_CASE("many threads at once: no lost and no torn lines") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 20000;
+  std::set<std::string> tids;
+  {
+    TraceOptions o;
+    o.ring_capacity = std::size_t{1} << 18;
+    auto w = TraceWriter::open(path, o);
+    REQUIRE(w != nullptr);
+    std::vector<std::thread> threads;
+    std::atomic<bool> go{false};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        while (!go.load()) {
+        }
+        for (int i = 0; i < kPerThread; ++i) {
+          w->on_event(event((std::uint64_t(t) << 32) | std::uint64_t(i)));
+        }
+      });
+    }
+    go = true;
+    for (auto& th : threads) th.join();
+    w->flush();
+    CHECK(w->dropped_total() == 0);
+    CHECK(w->written_total() == std::uint64_t(kThreads) * kPerThread);
+  }
+  auto rows = records(path);  // REQUIREs 14 fields on every line
+  REQUIRE(rows.size() == std::size_t(kThreads) * kPerThread);
+  std::set<std::string> ptrs;
+  for (auto& r : rows) {
+    ptrs.insert(r["ptr"]);
+    tids.insert(r["tid"]);
+    CHECK(r["requested"] == "100");
+  }
+  CHECK(ptrs.size() == rows.size());
+  CHECK(tids.size() == kThreads);
+  CHECK(only(rows, "dropped").empty());
+}
+
+TEST_CASE("a full ring drops, counts and never blocks") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    TraceOptions o;
+    o.ring_capacity = 16;
+    auto w = TraceWriter::open(path, o);
+    REQUIRE(w != nullptr);
+    w->pause_writer_for_testing(true);  // the writer thread is stalled
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 1000; ++i) w->on_event(event(0x1000 + i));
+    auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(took < std::chrono::milliseconds(500));
+    CHECK(w->dropped_total() == 1000 - 16);
+    w->flush();
+    // After the drain there is room again.
+    for (int i = 0; i < 10; ++i) w->on_event(event(0x9000 + i));
+    w->flush();
+    CHECK(w->dropped_total() == 1000 - 16);
+  }
+  auto rows = records(path);
+  auto dropped = only(rows, "dropped");
+  REQUIRE(dropped.size() == 1);
+  CHECK(dropped[0]["extra"] == "count=984");
+  CHECK(dropped[0]["device"] == "-1");
+  CHECK(only(rows, "alloc").size() == 26);
+  // The drop is reported after the records kept before it, before the later ones.
+  CHECK(rows[16]["event"] == "dropped");
+  CHECK(rows[17]["ptr"] == "0x9000");
+  CHECK(read_lines(path).back() == "# end records=26 dropped=984");
+}
+
+TEST_CASE("the background writer drains a small ring under a steady stream") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  std::uint64_t dropped = 0;
+  std::uint64_t sent = 0;
+  {
+    TraceOptions o;
+    o.ring_capacity = 64;
+    auto w = TraceWriter::open(path, o);
+    REQUIRE(w != nullptr);
+    for (int i = 0; i < 20000; ++i) {
+      w->on_event(event(i));
+      ++sent;
+      if (i % 32 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    dropped = w->dropped_total();
+  }
+  auto rows = records(path);
+  std::uint64_t counted = 0;
+  for (auto& r : only(rows, "dropped")) counted += std::stoull(r["extra"].substr(6));
+  CHECK(counted == dropped);
+  CHECK(only(rows, "alloc").size() + dropped == sent);
+}
+
+TEST_CASE("NVTX ranges and native stacks go into extra") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    TraceOptions o;
+    o.nvtx = true;
+    o.stack_depth = 4;
+    auto w = TraceWriter::open(path, o);
+    REQUIRE(w != nullptr);
+    w->on_event(event(0x100));  // no hook yet: no nvtx
+    TraceWriter::set_nvtx_hook(&nvtx_forward);
+    w->on_event(event(0x200));
+    TraceWriter::set_nvtx_hook(nullptr);
+  }
+  auto rows = records(path);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["extra"].find("nvtx=") == std::string::npos);
+  const std::string& ex = rows[1]["extra"];
+  CHECK(ex.rfind("nvtx=forward/layer_1;stack=0x", 0) == 0);
+  auto stack = ex.substr(ex.find("stack=") + 6);
+  auto pcs = split(stack, '/');
+  CHECK(pcs.size() >= 1);
+  CHECK(pcs.size() <= 4);
+  bool maps = false;
+  for (auto& l : read_lines(path)) {
+    if (l.rfind("#map ", 0) == 0 && l.find("test_trace_writer") != std::string::npos) maps = true;
+  }
+  CHECK(maps);
+}
+
+TEST_CASE("processes sharing a path each get their own file") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  auto w = TraceWriter::open(path, {});
+  REQUIRE(w != nullptr);
+  REQUIRE(w->file_path() == path);
+  w->on_event(event(0x1));
+
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 3; ++k) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // A process of its own (as if exec'd) given the same path while the parent runs.
+      auto mine = TraceWriter::open(path, {});
+      if (!mine || mine->file_path() != path + "." + std::to_string(::getpid())) ::_exit(3);
+      for (int i = 0; i < 100; ++i) mine->on_event(event(0xc000 + k * 1000 + i));
+      mine.reset();
+      ::_exit(0);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  w.reset();
+
+  auto parent = records(path);
+  REQUIRE(parent.size() == 1);
+  CHECK(parent[0]["ptr"] == "0x1");
+  for (std::size_t k = 0; k < kids.size(); ++k) {
+    auto rows = records(path + "." + std::to_string(kids[k]));
+    REQUIRE(rows.size() == 100);
+    CHECK(rows[0]["pid"] == std::to_string(kids[k]));
+    CHECK(rows[0]["ptr"] == hex(0xc000 + k * 1000));
+  }
+}
+
+TEST_CASE("fork children get path.PID with only their own records") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  auto w = TraceWriter::open(path, {});
+  REQUIRE(w != nullptr);
+  w->pause_writer_for_testing(true);
+  w->on_event(event(0x2));  // queued in the parent at fork time
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    w->after_fork_child();
+    w->pause_writer_for_testing(false);
+    for (int i = 0; i < 50; ++i) w->on_event(event(0xc000 + i));
+    w.reset();
+    ::_exit(0);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  w->pause_writer_for_testing(false);
+  w.reset();
+  auto parent = records(path);
+  REQUIRE(parent.size() == 1);
+  CHECK(parent[0]["ptr"] == "0x2");
+  const std::string p = path + "." + std::to_string(pid);
+  auto kid = records(p);
+  REQUIRE(kid.size() == 50);
+  for (auto& r : kid) CHECK(r["pid"] == std::to_string(pid));
+  CHECK(kid[0]["ptr"] == "0xc000");
+  auto lines = read_lines(p);
+  CHECK(lines[2].rfind("# pid=" + std::to_string(pid) + " ppid=" + std::to_string(::getpid()), 0) ==
+        0);
+}
+
+TEST_CASE("a process killed while tracing leaves a trace every reader accepts") {
+  const char* script = std::getenv("CUDALLOC_TRACE_SCRIPT");
+  const char* python = std::getenv("PYTHON");
+  if (script == nullptr || python == nullptr) {
+    WARN("CUDALLOC_TRACE_SCRIPT/PYTHON not set: run through meson test");
+    return;
+  }
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    SimBackend sim(SimOptions{.total_memory = 1 * kGiB, .host_memory = false});
+    DeviceAllocator alloc(sim, AllocatorOptions{});
+    TraceOptions o;
+    o.ring_capacity = 1024;
+    auto w = TraceWriter::open(path, o);
+    if (!w) ::_exit(3);
+    alloc.set_observer(w.get());
+    std::vector<DevicePtr> live;
+    for (std::uint64_t i = 0;; ++i) {
+      DevicePtr p = 0;
+      if (alloc.allocate(512 + (i * 7919) % (4 * kMiB), 0x10, &p) == Status::kOk) live.push_back(p);
+      if (live.size() > 64) {
+        alloc.free(live.front(), FreeOrder::kCompleted);
+        live.erase(live.begin());
+      }
+    }
+  }
+  // Let it write a few chunks, then kill it mid-stream.
+  struct stat st{};
+  for (int i = 0; i < 500; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (::stat(path.c_str(), &st) == 0 && st.st_size > 3 * 1024 * 1024) break;
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  REQUIRE(st.st_size > 0);
+
+  // Cut the file in the middle of a line as well, as a kill inside write(2) would.
+  const std::string cut = dir / "cut.csv";
+  std::system(("head -c " + std::to_string(st.st_size - 7) + " '" + path + "' > '" + cut + "'")
+                  .c_str());
+  for (const std::string& f : {path, cut}) {
+    int rc = 0;
+    std::string out = run_capture(std::string(python) + " " + script + " summary '" + f + "'", &rc);
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.find("peak allocated") != std::string::npos);
+    CHECK(out.find("Traceback") == std::string::npos);
+  }
+}
+
+namespace {
+void previous_term_handler(int) { ::_exit(42); }
+}  // namespace
+
+TEST_CASE("a fatal signal flushes the queued records, then the previous action runs") {
+  TempDir dir;
+  // SIGTERM twice: once with the default action before us, once with a program's own handler.
+  struct Case {
+    int sig;
+    bool own_handler;
+  };
+  for (Case c : {Case{SIGTERM, false}, Case{SIGABRT, false}, Case{SIGSEGV, false},
+                 Case{SIGTERM, true}}) {
+    const std::string path =
+        dir / ("sig" + std::to_string(c.sig) + (c.own_handler ? "h" : "") + ".csv");
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (int s : {SIGSEGV, SIGABRT, SIGBUS, SIGTERM, SIGINT}) ::signal(s, SIG_DFL);  // not Catch's
+      if (c.own_handler) ::signal(c.sig, &previous_term_handler);
+      auto w = TraceWriter::open(path, {});
+      if (!w) ::_exit(3);
+      w->install_fatal_signal_flush();
+      w->pause_writer_for_testing(true);  // nothing reaches the file but through the handler
+      for (int i = 0; i < 100; ++i) w->on_event(event(0x5000 + i));
+      if (c.sig == SIGSEGV) {
+        volatile int* null = nullptr;
+        *null = 1;
+      }
+      ::raise(c.sig);
+      ::_exit(4);  // not reached: the default action ends the process
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("signal " << c.sig << (c.own_handler ? " with the program's handler" : ""));
+    if (c.own_handler) {
+      REQUIRE(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 42);
+    } else {
+      REQUIRE(WIFSIGNALED(status));
+      CHECK(WTERMSIG(status) == c.sig);
+    }
+    auto rows = records(path);
+    CHECK(rows.size() == 100);
+    CHECK(read_lines(path).back() == "# signal " + std::to_string(c.sig));
+  }
+}
+
+TEST_CASE("a symlink or a non-regular file at the path is refused, never followed") {
+  TempDir dir;
+  const std::string target = dir / "target";
+  { std::ofstream(target) << "keep\n"; }
+  const std::string link = dir / "link.csv";
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  std::string err;
+  auto w = TraceWriter::open(link, {}, &err);
+  CHECK(w == nullptr);
+  CHECK(err.find("symbolic link") != std::string::npos);
+  CHECK(read_lines(target) == std::vector<std::string>{"keep"});
+
+  err.clear();
+  CHECK(TraceWriter::open(dir.path, {}, &err) == nullptr);  // a directory
+  CHECK(!err.empty());
+  const std::string fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  err.clear();
+  CHECK(TraceWriter::open(fifo, {}, &err) == nullptr);  // and it does not hang
+  CHECK(!err.empty());
+  err.clear();
+  CHECK(TraceWriter::open(dir / "no/such/dir/t.csv", {}, &err) == nullptr);
+  CHECK(err.find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("a second run overwrites the trace of the first") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    auto w = TraceWriter::open(path, {});
+    for (int i = 0; i < 10; ++i) w->on_event(event(i));
+  }
+  {
+    auto w = TraceWriter::open(path, {});
+    REQUIRE(w->file_path() == path);
+    w->on_event(event(0x77));
+  }
+  auto rows = records(path);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["ptr"] == "0x77");
+}

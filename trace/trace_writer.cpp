@@ -1,0 +1,693 @@
+#include "trace/trace_writer.h"
+
+#include <execinfo.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/auxv.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <ctime>
+
+namespace cudalloc {
+
+namespace {
+
+std::int64_t monotonic_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// ts_ns is relative to when cudalloc was loaded (static initialization of this library).
+const std::int64_t g_origin_ns = monotonic_ns();
+
+std::atomic<NvtxRangeHook> g_nvtx_hook{nullptr};
+
+__attribute__((tls_model("initial-exec"))) thread_local int t_tid = 0;
+__attribute__((tls_model("initial-exec"))) thread_local int t_tid_pid = 0;
+
+inline int cached_tid(int pid) noexcept {
+  if (t_tid_pid != pid) {
+    t_tid = static_cast<int>(::syscall(SYS_gettid));
+    t_tid_pid = pid;
+  }
+  return t_tid;
+}
+
+constexpr std::uint8_t kFlagAsync = 1;
+constexpr std::uint8_t kFlagHit = 2;
+constexpr std::size_t kBufferCapacity = std::size_t{1} << 20;
+constexpr std::size_t kMaxLine = 4096;  // a record's line is at most ~1.6 KB (64 frames)
+constexpr long kIdleWaitNs = 20 * 1000 * 1000;
+
+const char* result_name(std::uint8_t r) noexcept {
+  switch (static_cast<Status>(r)) {
+    case Status::kOk: return "ok";
+    case Status::kInvalidValue: return "invalid_value";
+    case Status::kOutOfMemory: return "out_of_memory";
+    case Status::kBackendError: return "device_error";
+    case Status::kDeinitialized: return "deinitialized";
+  }
+  return "device_error";
+}
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, long ns) noexcept {
+  timespec ts{ns / 1000000000, ns % 1000000000};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts,
+            nullptr, 0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, 1, nullptr,
+            nullptr, 0);
+}
+
+void sleep_ns(long ns) noexcept {
+  timespec ts{0, ns};
+  nanosleep(&ts, nullptr);  // async-signal-safe
+}
+
+// --- formatting into a caller's buffer: no allocation, async-signal-safe.
+struct Out {
+  char* p;
+  void str(const char* s) noexcept {
+    while (*s != '\0') *p++ = *s++;
+  }
+  void ch(char c) noexcept { *p++ = c; }
+  void u64(std::uint64_t v) noexcept { p = std::to_chars(p, p + 24, v).ptr; }
+  void i64(std::int64_t v) noexcept { p = std::to_chars(p, p + 24, v).ptr; }
+  void hex(std::uint64_t v) noexcept {
+    *p++ = '0';
+    *p++ = 'x';
+    p = std::to_chars(p, p + 20, v, 16).ptr;
+  }
+};
+
+}  // namespace
+
+struct TraceRecord {
+  std::int64_t ts;
+  std::uint64_t ptr;
+  std::uint64_t stream;
+  std::uint64_t requested;
+  std::uint64_t rounded;
+  std::uint64_t allocated;
+  std::uint64_t reserved;
+  std::int32_t tid;
+  std::int32_t device;
+  std::uint8_t kind;
+  std::uint8_t result;
+  std::uint8_t flags;
+  std::uint8_t nstack;
+  std::uint8_t nvtx_len;
+};
+
+struct TraceCell {
+  std::atomic<std::uint64_t> seq;
+  TraceRecord rec;
+};
+
+struct TraceWriter::Impl {
+  std::size_t capacity = 0;
+  std::size_t mask = 0;
+  std::size_t wake_mask = 0;
+  std::unique_ptr<TraceCell[]> cells;
+  std::unique_ptr<std::uintptr_t[]> pcs;  // capacity * stack_depth
+  std::unique_ptr<char[]> nvtx;           // capacity * kMaxNvtx
+  alignas(64) std::atomic<std::uint64_t> enqueue_pos{0};
+  alignas(64) std::atomic<std::uint64_t> dequeue_pos{0};
+  alignas(64) std::unique_ptr<char[]> buf;  // formatted lines not yet written
+  std::size_t buf_len = 0;
+  pthread_t thread{};
+
+  void reset_ring() noexcept {
+    for (std::size_t i = 0; i < capacity; ++i) cells[i].seq.store(i, std::memory_order_relaxed);
+    enqueue_pos.store(0, std::memory_order_relaxed);
+    dequeue_pos.store(0, std::memory_order_relaxed);
+    buf_len = 0;
+  }
+};
+
+namespace {
+std::atomic<TraceWriter*> g_signal_writer{nullptr};
+struct sigaction g_previous[NSIG];
+std::atomic<bool> g_in_signal_flush{false};
+constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGTERM, SIGINT};
+}  // namespace
+
+void TraceWriter::set_nvtx_hook(NvtxRangeHook hook) noexcept {
+  g_nvtx_hook.store(hook, std::memory_order_release);
+}
+
+TraceWriter::TraceWriter(std::string base_path, const TraceOptions& options)
+    : base_path_(std::move(base_path)), options_(options), impl_(std::make_unique<Impl>()) {
+  if (options_.stack_depth > kMaxStackDepth) options_.stack_depth = kMaxStackDepth;
+  std::size_t cap = 2;
+  while (cap < options_.ring_capacity) cap <<= 1;
+  options_.ring_capacity = cap;
+  impl_->capacity = cap;
+  impl_->mask = cap - 1;
+  impl_->wake_mask = cap >= 16 ? cap / 4 - 1 : 0;
+  impl_->cells.reset(new TraceCell[cap]);
+  if (options_.stack_depth > 0) impl_->pcs.reset(new std::uintptr_t[cap * options_.stack_depth]);
+  if (options_.nvtx) impl_->nvtx.reset(new char[cap * kMaxNvtx]);
+  impl_->buf.reset(new char[kBufferCapacity]);
+  impl_->reset_ring();
+  pid_ = static_cast<int>(::getpid());
+}
+
+std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const TraceOptions& options,
+                                               std::string* error) {
+  auto fail = [&](std::string why) -> std::unique_ptr<TraceWriter> {
+    if (error != nullptr) *error = std::move(why);
+    return nullptr;
+  };
+  if (::getauxval(AT_SECURE) != 0) {
+    return fail("cudalloc: tracing is disabled in secure-execution (setuid/setgid) processes");
+  }
+  if (path.empty()) return fail("cudalloc: empty trace path");
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, options));
+  std::string why;
+  if (!w->open_file(true, &why)) return fail(why);
+  if (w->options_.stack_depth > 0) {
+    // The first backtrace() loads libgcc_s and allocates: do it here, not on the hot path.
+    void* warm[4];
+    (void)::backtrace(warm, 4);
+  }
+  w->write_header();
+  return w;
+}
+
+bool TraceWriter::open_file(bool allow_base, std::string* error) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  auto check = [&](int fd, const std::string& p) -> bool {
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      *error = "cudalloc: trace path " + p + " is not a regular file; not tracing";
+      return false;
+    }
+    int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return true;
+  };
+  auto open_error = [&](const std::string& p) {
+    int e = errno;
+    if (e == ELOOP) {
+      *error = "cudalloc: trace path " + p + " is a symbolic link; not followed, not tracing";
+    } else {
+      *error = "cudalloc: cannot open trace " + p + ": " + std::strerror(e);
+    }
+  };
+  if (allow_base) {
+    int fd = ::open(base_path_.c_str(), kFlags, 0640);
+    if (fd < 0) {
+      open_error(base_path_);
+      return false;
+    }
+    if (!check(fd, base_path_)) return false;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      if (::ftruncate(fd, 0) != 0) {
+        *error = "cudalloc: cannot truncate trace " + base_path_ + ": " + std::strerror(errno);
+        ::close(fd);
+        return false;
+      }
+      fd_ = fd;
+      file_path_ = base_path_;
+      return true;
+    }
+    ::close(fd);  // another live process writes `path`
+  }
+  std::string p = base_path_ + "." + std::to_string(pid_);
+  int fd = ::open(p.c_str(), kFlags | O_TRUNC, 0640);
+  if (fd < 0) {
+    open_error(p);
+    return false;
+  }
+  if (!check(fd, p)) return false;
+  (void)::flock(fd, LOCK_EX | LOCK_NB);
+  fd_ = fd;
+  file_path_ = p;
+  return true;
+}
+
+void TraceWriter::write_out(const char* data, std::size_t n) noexcept {
+  while (n > 0 && fd_ >= 0) {
+    ssize_t w = ::write(fd_, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // disk full or similar: the rest of this chunk is lost
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void TraceWriter::flush_buffer() noexcept {
+  if (impl_->buf_len > 0) write_out(impl_->buf.get(), impl_->buf_len);
+  impl_->buf_len = 0;
+}
+
+void TraceWriter::write_header() noexcept {
+  try {
+    std::string h = "#cudalloc-trace v1\n"
+                    "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,"
+                    "allocated,reserved,extra\n";
+    h += "# pid=" + std::to_string(pid_) + " ppid=" + std::to_string(::getppid()) + "\n";
+    std::string cmd;
+    int cfd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (cfd >= 0) {
+      char tmp[4096];
+      ssize_t n;
+      while ((n = ::read(cfd, tmp, sizeof tmp)) > 0 && cmd.size() < 16384) cmd.append(tmp, n);
+      ::close(cfd);
+    }
+    while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
+    for (char& c : cmd) {
+      if (c == '\0') c = ' ';
+      else if (c == '\n' || c == '\r') c = '?';
+    }
+    h += "# cmdline=" + cmd + "\n";
+    timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    std::int64_t mono = monotonic_ns();
+    // The wall-clock time of ts_ns = 0.
+    std::int64_t origin_rt_ns = static_cast<std::int64_t>(rt.tv_sec) * 1000000000 + rt.tv_nsec -
+                                (mono - g_origin_ns);
+    time_t secs = static_cast<time_t>(origin_rt_ns / 1000000000);
+    struct tm tmv;
+    gmtime_r(&secs, &tmv);
+    char when[64];
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tmv);
+    char frac[16];
+    std::snprintf(frac, sizeof frac, ".%06lldZ",
+                  static_cast<long long>((origin_rt_ns % 1000000000) / 1000));
+    h += std::string("# start_time=") + when + frac + " origin_realtime_ns=" +
+         std::to_string(origin_rt_ns) + " origin_monotonic_ns=" + std::to_string(g_origin_ns) +
+         "\n";
+    h += "# options stack_depth=" + std::to_string(options_.stack_depth) +
+         " nvtx=" + (options_.nvtx ? "1" : "0") +
+         " ring_capacity=" + std::to_string(options_.ring_capacity) + "\n";
+    write_out(h.data(), h.size());
+  } catch (...) {
+  }
+  if (options_.stack_depth > 0) write_maps();
+}
+
+// Executable file mappings, so the reader can symbolize raw PCs: `#map <a line of /proc/PID/maps>`.
+void TraceWriter::write_maps() noexcept {
+  try {
+    int mfd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (mfd < 0) return;
+    std::string all;
+    char tmp[16384];
+    ssize_t n;
+    while ((n = ::read(mfd, tmp, sizeof tmp)) > 0) all.append(tmp, n);
+    ::close(mfd);
+    std::string out;
+    std::size_t start = 0;
+    while (start < all.size()) {
+      std::size_t end = all.find('\n', start);
+      if (end == std::string::npos) end = all.size();
+      std::string_view line(all.data() + start, end - start);
+      // "start-end perms offset dev inode path": keep file-backed mappings (path starts with /).
+      std::size_t slash = line.find('/');
+      if (slash != std::string_view::npos && line.find(' ') < slash) {
+        out += "#map ";
+        out += line;
+        out += '\n';
+      }
+      start = end + 1;
+    }
+    write_out(out.data(), out.size());
+  } catch (...) {
+  }
+}
+
+void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
+  if (disabled_.load(std::memory_order_relaxed)) return;
+  Impl& im = *impl_;
+
+  // Gather what is expensive before claiming a slot.
+  void* frames[kMaxStackDepth + 1];
+  int nframes = 0;
+  const std::size_t depth = options_.stack_depth;
+  if (depth > 0) {
+    nframes = ::backtrace(frames, static_cast<int>(depth) + 1) - 1;  // drop on_event itself
+    if (nframes < 0) nframes = 0;
+  }
+  char nv[kMaxNvtx];
+  std::size_t nv_len = 0;
+  if (options_.nvtx) {
+    NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire);
+    if (hook != nullptr) {
+      nv_len = hook(nv, kMaxNvtx);
+      if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
+    }
+  }
+  const std::int64_t ts = monotonic_ns() - g_origin_ns;
+  const int tid = cached_tid(pid_);
+
+  // Vyukov bounded MPMC queue: claim a position, fill the cell, publish it.
+  std::uint64_t pos = im.enqueue_pos.load(std::memory_order_relaxed);
+  TraceCell* cell;
+  for (;;) {
+    cell = &im.cells[pos & im.mask];
+    std::uint64_t seq = cell->seq.load(std::memory_order_acquire);
+    auto dif = static_cast<std::int64_t>(seq - pos);
+    if (dif == 0) {
+      if (im.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+    } else if (dif < 0) {
+      dropped_pending_.fetch_add(1, std::memory_order_relaxed);
+      dropped_total_.fetch_add(1, std::memory_order_relaxed);
+      if (writer_sleeping_.load(std::memory_order_relaxed) != 0) futex_wake(&writer_sleeping_);
+      if (thread_state_.load(std::memory_order_relaxed) == 0) start_thread();
+      return;
+    } else {
+      pos = im.enqueue_pos.load(std::memory_order_relaxed);
+    }
+  }
+  TraceRecord& r = cell->rec;
+  r.ts = ts;
+  r.ptr = e.ptr;
+  r.stream = e.stream;
+  r.requested = e.requested;
+  r.rounded = e.rounded;
+  r.allocated = e.allocated_after;
+  r.reserved = e.reserved_after;
+  r.tid = tid;
+  r.device = e.device;
+  r.kind = static_cast<std::uint8_t>(e.kind);
+  r.result = static_cast<std::uint8_t>(e.result);
+  r.flags = static_cast<std::uint8_t>((e.async ? kFlagAsync : 0) | (e.cache_hit ? kFlagHit : 0));
+  r.nstack = static_cast<std::uint8_t>(nframes);
+  r.nvtx_len = static_cast<std::uint8_t>(nv_len);
+  const std::size_t slot = pos & im.mask;
+  if (nframes > 0) {
+    std::uintptr_t* dst = &im.pcs[slot * depth];
+    for (int i = 0; i < nframes; ++i) dst[i] = reinterpret_cast<std::uintptr_t>(frames[i + 1]);
+  }
+  if (nv_len > 0) std::memcpy(&im.nvtx[slot * kMaxNvtx], nv, nv_len);
+  cell->seq.store(pos + 1, std::memory_order_release);
+
+  if ((pos & im.wake_mask) == 0 && writer_sleeping_.load(std::memory_order_relaxed) != 0) {
+    futex_wake(&writer_sleeping_);
+  }
+  if (thread_state_.load(std::memory_order_relaxed) == 0) start_thread();
+}
+
+// Consumer side. One drainer at a time (the writer thread, flush(), or a signal handler).
+bool TraceWriter::lock_consumer(bool from_signal) noexcept {
+  // A signal handler gives up after ~200 ms (the holder may be the interrupted thread itself).
+  const int tries = from_signal ? 200 : 5000;
+  for (int i = 0; i < tries; ++i) {
+    bool expected = false;
+    if (consumer_busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+      return true;
+    }
+    sleep_ns(1000000);
+  }
+  return false;
+}
+
+void TraceWriter::unlock_consumer() noexcept {
+  consumer_busy_.store(false, std::memory_order_release);
+}
+
+// Pops every published record, formats it into the buffer, writes the buffer when nearly full.
+// Returns whether anything was drained.
+bool TraceWriter::drain_locked(bool /*from_signal*/) noexcept {
+  Impl& im = *impl_;
+  bool any = false;
+  const std::size_t depth = options_.stack_depth;
+  auto room = [&]() {
+    if (im.buf_len + kMaxLine > kBufferCapacity) flush_buffer();
+  };
+  auto line_prefix = [&](Out& o, std::int64_t ts, int tid, int device) {
+    o.i64(ts);
+    o.ch(',');
+    o.i64(pid_);
+    o.ch(',');
+    o.i64(tid);
+    o.ch(',');
+    o.i64(device);
+    o.ch(',');
+  };
+  for (;;) {
+    for (;;) {
+      std::uint64_t pos = im.dequeue_pos.load(std::memory_order_relaxed);
+      TraceCell& cell = im.cells[pos & im.mask];
+      std::uint64_t seq = cell.seq.load(std::memory_order_acquire);
+      if (static_cast<std::int64_t>(seq - (pos + 1)) < 0) break;  // empty (or not yet published)
+      im.dequeue_pos.store(pos + 1, std::memory_order_relaxed);
+      const TraceRecord& r = cell.rec;
+      const std::size_t slot = pos & im.mask;
+      room();
+      Out o{im.buf.get() + im.buf_len};
+      line_prefix(o, r.ts, r.tid, r.device);
+      o.str(to_string(static_cast<EventKind>(r.kind)));
+      o.ch(',');
+      if (r.stream == kNoStream) o.ch('-');
+      else o.hex(r.stream);
+      o.ch(',');
+      o.hex(r.ptr);
+      o.ch(',');
+      o.u64(r.requested);
+      o.ch(',');
+      o.u64(r.rounded);
+      o.ch(',');
+      o.str(result_name(r.result));
+      o.ch(',');
+      o.ch((r.flags & kFlagHit) != 0 ? '1' : '0');
+      o.ch(',');
+      o.u64(r.allocated);
+      o.ch(',');
+      o.u64(r.reserved);
+      o.ch(',');
+      bool sep = false;
+      if ((r.flags & kFlagAsync) != 0) {
+        o.str("async=1");
+        sep = true;
+      }
+      if (r.nvtx_len > 0) {
+        if (sep) o.ch(';');
+        o.str("nvtx=");
+        const char* s = &im.nvtx[slot * kMaxNvtx];
+        for (std::size_t i = 0; i < r.nvtx_len; ++i) {
+          unsigned char c = static_cast<unsigned char>(s[i]);
+          // Keep the record one line of comma-separated fields.
+          o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : static_cast<char>(c));
+        }
+        sep = true;
+      }
+      if (r.nstack > 0 && depth > 0) {
+        if (sep) o.ch(';');
+        o.str("stack=");
+        const std::uintptr_t* pcs = &im.pcs[slot * depth];
+        for (std::size_t i = 0; i < r.nstack && i < depth; ++i) {
+          if (i > 0) o.ch('/');
+          o.hex(pcs[i]);
+        }
+      }
+      o.ch('\n');
+      im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
+      cell.seq.store(pos + im.mask + 1, std::memory_order_release);
+      written_total_.fetch_add(1, std::memory_order_relaxed);
+      any = true;
+    }
+    std::uint64_t lost = dropped_pending_.exchange(0, std::memory_order_relaxed);
+    if (lost == 0) break;
+    room();
+    Out o{im.buf.get() + im.buf_len};
+    line_prefix(o, monotonic_ns() - g_origin_ns, 0, -1);
+    o.str("dropped,-,0x0,0,0,ok,0,0,0,count=");
+    o.u64(lost);
+    o.ch('\n');
+    im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
+    any = true;
+  }
+  return any;
+}
+
+void* TraceWriter::thread_entry(void* self) noexcept {
+  static_cast<TraceWriter*>(self)->thread_main();
+  return nullptr;
+}
+
+void TraceWriter::thread_main() noexcept {
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (!paused_.load(std::memory_order_relaxed) && lock_consumer(false)) {
+      drain_locked(false);
+      flush_buffer();
+      unlock_consumer();
+    }
+    writer_sleeping_.store(1, std::memory_order_seq_cst);
+    // Re-check after announcing sleep so a wake between the drain and here is not lost.
+    const std::uint64_t pos = impl_->dequeue_pos.load(std::memory_order_relaxed);
+    const bool pending =
+        impl_->cells[pos & impl_->mask].seq.load(std::memory_order_acquire) == pos + 1 ||
+        dropped_pending_.load(std::memory_order_relaxed) != 0;
+    if ((!pending || paused_.load(std::memory_order_relaxed)) &&
+        !stop_.load(std::memory_order_acquire)) {
+      futex_wait(&writer_sleeping_, 1, kIdleWaitNs);
+    }
+    writer_sleeping_.store(0, std::memory_order_relaxed);
+  }
+}
+
+void TraceWriter::start_thread() noexcept {
+  int expected = 0;
+  if (!thread_state_.compare_exchange_strong(expected, 1)) return;
+  // The writer thread takes no asynchronous signals: they belong to the program's threads.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&impl_->thread, nullptr, &TraceWriter::thread_entry, this);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) thread_state_.store(3);  // no thread: flush() at exit still writes the ring
+}
+
+void TraceWriter::stop_thread() noexcept {
+  if (thread_state_.load() != 1) return;
+  stop_.store(true, std::memory_order_release);
+  writer_sleeping_.store(0);
+  futex_wake(&writer_sleeping_);
+  pthread_join(impl_->thread, nullptr);
+  thread_state_.store(0);
+  stop_.store(false);
+}
+
+void TraceWriter::flush() noexcept {
+  if (fd_ < 0 || static_cast<int>(::getpid()) != pid_) return;  // a child that kept our copy
+  if (!lock_consumer(false)) return;
+  drain_locked(false);
+  flush_buffer();
+  if (options_.stack_depth > 0) write_maps();  // libraries loaded since open()
+  unlock_consumer();
+}
+
+TraceWriter::~TraceWriter() {
+  TraceWriter* self = this;
+  g_signal_writer.compare_exchange_strong(self, nullptr);
+  if (static_cast<int>(::getpid()) != pid_) {
+    // A fork child that never called after_fork_child(): the thread and the records are the
+    // parent's. Write nothing.
+    if (fd_ >= 0) ::close(fd_);
+    return;
+  }
+  stop_thread();
+  if (fd_ >= 0 && lock_consumer(false)) {
+    drain_locked(false);
+    flush_buffer();
+    if (options_.stack_depth > 0) write_maps();
+    char end[128];
+    Out o{end};
+    o.str("# end records=");
+    o.u64(written_total_.load());
+    o.str(" dropped=");
+    o.u64(dropped_total_.load());
+    o.ch('\n');
+    write_out(end, static_cast<std::size_t>(o.p - end));
+    unlock_consumer();
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TraceWriter::after_fork_child() noexcept {
+  // Only this thread exists in the child: nothing else touches the writer.
+  thread_state_.store(0);
+  stop_.store(false);
+  consumer_busy_.store(false);
+  writer_sleeping_.store(0);
+  dropped_pending_.store(0);
+  dropped_total_.store(0);
+  written_total_.store(0);
+  impl_->reset_ring();
+  if (fd_ >= 0) ::close(fd_);  // the parent's file (its lock stays with the parent)
+  fd_ = -1;
+  pid_ = static_cast<int>(::getpid());
+  std::string why;
+  bool ok = false;
+  try {
+    ok = open_file(false, &why);
+  } catch (...) {
+  }
+  if (!ok) {
+    disabled_.store(true);
+    return;
+  }
+  write_header();
+}
+
+// --- fatal signals
+void trace_signal_handler(int sig, void* info_v, void* ctx) {
+  auto* info = static_cast<siginfo_t*>(info_v);
+  int saved_errno = errno;
+  TraceWriter* w = g_signal_writer.load(std::memory_order_acquire);
+  bool expected = false;
+  if (w != nullptr && w->fd_ >= 0 && static_cast<int>(::getpid()) == w->pid_ &&
+      g_in_signal_flush.compare_exchange_strong(expected, true)) {
+    if (w->lock_consumer(true)) {
+      w->drain_locked(true);
+      w->flush_buffer();
+      char note[64];
+      Out o{note};
+      o.str("# signal ");
+      o.i64(sig);
+      o.ch('\n');
+      w->write_out(note, static_cast<std::size_t>(o.p - note));
+      w->unlock_consumer();
+    }
+    g_in_signal_flush.store(false);
+  }
+  errno = saved_errno;
+  // Chain to what was installed before.
+  const struct sigaction& prev = g_previous[sig];
+  if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+    prev.sa_sigaction(sig, info, ctx);
+  } else if (prev.sa_handler == SIG_IGN) {
+    return;
+  } else if (prev.sa_handler == SIG_DFL || prev.sa_handler == nullptr) {
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);  // pending until this handler returns, then the default action
+  } else {
+    prev.sa_handler(sig);
+  }
+}
+
+namespace {
+extern "C" void trace_signal_trampoline(int sig, siginfo_t* info, void* ctx) {
+  trace_signal_handler(sig, info, ctx);
+}
+}  // namespace
+
+void TraceWriter::install_fatal_signal_flush() {
+  TraceWriter* prev_writer = g_signal_writer.exchange(this, std::memory_order_acq_rel);
+  static std::atomic<bool> installed{false};
+  if (installed.exchange(true)) return;  // handlers already in place; they use the new writer
+  (void)prev_writer;
+  for (int sig : kFatalSignals) {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = &trace_signal_trampoline;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, &g_previous[sig]);
+  }
+}
+
+}  // namespace cudalloc

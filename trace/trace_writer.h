@@ -1,0 +1,120 @@
+// The allocation trace writer (docs/trace-format.md, version 1).
+//
+// The allocator calls on_event() on the allocating thread, sometimes under its device lock. The
+// writer stamps the record (time, thread, optional native stack and NVTX range), pushes it into a
+// bounded lock-free ring and returns: no I/O, no lock, no allocation. A background thread, started
+// on the first record, drains the ring, formats the lines and writes them with write(2) in large
+// chunks. When the ring is full the record is dropped and counted; the count is written as a
+// `dropped` record, never lost silently.
+//
+// Files: the first process to lock `path` writes it; any other process (a fork child, a second
+// process given the same path while the first still runs) writes `path.PID`. See open().
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "allocator/events.h"
+
+namespace cudalloc {
+
+struct TraceOptions {
+  std::size_t stack_depth = 0;        // trace_stacks:N native frames per record (0: none; max 64)
+  bool nvtx = false;                  // trace_nvtx: record the current NVTX range name
+  std::size_t ring_capacity = 65536;  // records held in memory; rounded up to a power of two
+};
+
+// Fills `out` (capacity bytes, not NUL-terminated) with the calling thread's current NVTX range
+// (recommended: the range stack, outermost first, joined with '/'), returns the length, 0 when
+// there is none. Called on the allocating thread under the device lock: must not block.
+using NvtxRangeHook = std::size_t (*)(char* out, std::size_t capacity) noexcept;
+
+class TraceWriter final : public AllocatorObserver {
+ public:
+  static constexpr std::size_t kMaxStackDepth = 64;
+  static constexpr std::size_t kMaxNvtx = 64;
+
+  // Opens the trace for this process. The rule, with O_NOFOLLOW|O_CLOEXEC and mode 0640:
+  //  - open (or create) `path` and take an exclusive flock on it without waiting; if that
+  //    works, truncate it and write there (sequential runs overwrite their trace);
+  //  - if another live process holds the lock, write `path.PID` instead.
+  // Returns null, with the reason in `*error`, in secure-execution mode (AT_SECURE), when `path`
+  // is a symlink or not a regular file, or when it cannot be opened.
+  static std::unique_ptr<TraceWriter> open(const std::string& path, const TraceOptions& options,
+                                           std::string* error = nullptr);
+
+  // Flushes what is queued, writes the end comment and closes the file.
+  ~TraceWriter() override;
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // AllocatorObserver: every EventKind, passthrough ones included. Never blocks.
+  void on_event(const AllocatorEvent& event) noexcept override;
+
+  // Drains the ring and writes everything to the file (atexit; blocks a few ms at most).
+  void flush() noexcept;
+
+  // Installs handlers for SIGSEGV, SIGABRT, SIGBUS, SIGTERM and SIGINT that write what they can
+  // of this writer's queued records (async-signal-safe: no malloc, no lock that can block
+  // forever), then hand the signal to the handler installed before (or the default action).
+  // One writer at a time is flushed on signals: the last one that called this.
+  void install_fatal_signal_flush();
+
+  // In a fork child (call from pthread_atfork's child handler): forgets the parent's queued
+  // records and writer thread, and re-opens this writer on its own `path.PID` file (a fresh
+  // header; the same options). The object stays valid as the allocator's observer. If the
+  // file cannot be opened, the writer is disabled (records are ignored).
+  void after_fork_child() noexcept;
+
+  // Set by the shim when NVTX tracing is on; null (the default) records no range.
+  static void set_nvtx_hook(NvtxRangeHook hook) noexcept;
+
+  // The file actually written (`path` or `path.PID`).
+  const std::string& file_path() const { return file_path_; }
+  // Records lost to a full ring so far (all reported, or to be reported, in `dropped` records).
+  std::uint64_t dropped_total() const { return dropped_total_.load(std::memory_order_relaxed); }
+  std::uint64_t written_total() const { return written_total_.load(std::memory_order_relaxed); }
+
+  // For tests: while paused, the background thread does not drain (flush() still does).
+  void pause_writer_for_testing(bool paused) { paused_.store(paused); }
+
+  struct Impl;
+
+ private:
+  TraceWriter(std::string base_path, const TraceOptions& options);
+  bool open_file(bool allow_base, std::string* error);
+  void start_thread() noexcept;
+  void stop_thread() noexcept;
+  bool drain_locked(bool from_signal) noexcept;
+  void write_header() noexcept;
+  void write_maps() noexcept;
+  void write_out(const char* data, std::size_t n) noexcept;
+  void flush_buffer() noexcept;
+  bool lock_consumer(bool from_signal) noexcept;
+  void unlock_consumer() noexcept;
+  void thread_main() noexcept;
+  static void* thread_entry(void* self) noexcept;
+  friend void trace_signal_handler(int, void*, void*);
+
+  std::string base_path_;
+  std::string file_path_;
+  TraceOptions options_;
+  int fd_ = -1;
+  int pid_ = 0;
+  std::unique_ptr<Impl> impl_;
+
+  std::atomic<bool> disabled_{false};
+  std::atomic<int> thread_state_{0};  // 0 none, 1 starting/running, 2 stopping
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> consumer_busy_{false};
+  std::atomic<std::uint32_t> writer_sleeping_{0};
+  std::atomic<std::uint64_t> dropped_pending_{0};
+  std::atomic<std::uint64_t> dropped_total_{0};
+  std::atomic<std::uint64_t> written_total_{0};
+};
+
+}  // namespace cudalloc

@@ -16,6 +16,7 @@ enum class BlockState : std::uint8_t {
   kFree,       // in a pool, reusable
   kAllocated,  // held by the program
   kPending,    // freed, waiting for device work queued before the free
+  kCached,     // free, held in a thread's cache for reuse on its stream
 };
 
 // A contiguous piece of a segment. Blocks of a segment form an address-ordered list.

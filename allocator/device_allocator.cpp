@@ -1,18 +1,80 @@
 #include "allocator/device_allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "allocator/block_pool.h"
+#include "allocator/live_map.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
 #include "allocator/stream_fence.h"
+#include "allocator/thread_cache.h"
 
 namespace cudalloc {
 
-// Everything below runs under DeviceAllocator::mutex_.
-struct DeviceAllocator::Impl {
+namespace {
+
+std::atomic<std::uint64_t> next_allocator_id{1};
+
+// Statistics of one block changing hands; shared by the hot and the locked paths.
+void add_stat(StatArray& a, PoolKind k, std::int64_t n) {
+  a[kStatAll].increase(n);
+  a[stat_index(k)].increase(n);
+}
+void sub_stat(StatArray& a, PoolKind k, std::int64_t n) {
+  a[kStatAll].decrease(n);
+  a[stat_index(k)].decrease(n);
+}
+void account_alloc(MemoryStats& s, const Block* b, bool oversize) {
+  const PoolKind k = b->segment->pool;
+  const auto size = static_cast<std::int64_t>(b->size);
+  add_stat(s.allocation, k, 1);
+  add_stat(s.active, k, 1);
+  add_stat(s.allocated_bytes, k, size);
+  add_stat(s.active_bytes, k, size);
+  add_stat(s.requested_bytes, k, static_cast<std::int64_t>(b->requested));
+  if (oversize) ++s.oversize_allocations;
+}
+void account_free(MemoryStats& s, const Block* b, bool oversize) {
+  const PoolKind k = b->segment->pool;
+  sub_stat(s.allocation, k, 1);
+  sub_stat(s.allocated_bytes, k, static_cast<std::int64_t>(b->size));
+  sub_stat(s.requested_bytes, k, static_cast<std::int64_t>(b->requested));
+  if (oversize) --s.oversize_allocations;
+}
+// The block stops being active: it can be handed out again.
+void account_inactive(MemoryStats& s, const Block* b) {
+  sub_stat(s.active, b->segment->pool, 1);
+  sub_stat(s.active_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
+}
+
+// Folds a thread's hot-path changes into the allocator's totals. The peak is exact when no
+// other thread moved the same stat since the delta started.
+void merge_stat(Stat& into, Stat& d) {
+  into.peak = std::max(into.peak, into.current + d.peak);
+  into.current += d.current;
+  into.allocated += d.allocated;
+  into.freed += d.freed;
+  d = Stat{};
+}
+void merge_stats(MemoryStats& into, MemoryStats& d) {
+  StatArray MemoryStats::*arrays[] = {&MemoryStats::allocation, &MemoryStats::active,
+                                      &MemoryStats::allocated_bytes, &MemoryStats::active_bytes,
+                                      &MemoryStats::requested_bytes};
+  for (auto member : arrays) {
+    for (std::size_t t = 0; t < kStatTypes; ++t) merge_stat((into.*member)[t], (d.*member)[t]);
+  }
+  into.oversize_allocations += d.oversize_allocations;
+  d.oversize_allocations = 0;
+}
+
+}  // namespace
+
+// Everything but the hot path runs under `mutex`.
+struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Impl> {
   Impl(SegmentBackend& b, const AllocatorOptions& o, int dev)
       : backend(b), options(o), sizes(o), device(dev) {}
 
@@ -20,13 +82,20 @@ struct DeviceAllocator::Impl {
   const AllocatorOptions& options;
   SizeClasses sizes;
   int device;
-  AllocatorObserver* observer = nullptr;
+  const std::uint64_t id = next_allocator_id.fetch_add(1);
+  std::atomic<AllocatorObserver*> observer{nullptr};
+  std::mutex mutex;
 
   BlockPool small_pool;
   BlockPool large_pool;
   SegmentTable segments;
   FenceQueue fences;
-  std::unordered_map<DevicePtr, Block*> live;
+  LiveMap live;
+  std::vector<std::shared_ptr<ThreadCache>> caches;
+  // allocated_bytes.all is kept exact (current and peak) across threads here.
+  std::atomic<std::int64_t> allocated_now{0};
+  std::atomic<std::int64_t> allocated_peak{0};
+  std::atomic<std::size_t> reserved_now{0};
   MemoryStats stats;
   std::optional<OomReport> last_oom;
   std::size_t limit_override = 0;
@@ -46,14 +115,20 @@ struct DeviceAllocator::Impl {
   }
 
   std::size_t reserved() const { return segments.bytes(); }
-  std::size_t allocated() const {
-    return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current);
+  std::size_t allocated() const { return static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed)); }
+
+  void count_allocated(std::int64_t delta) {
+    const std::int64_t now = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+    std::int64_t peak = allocated_peak.load(std::memory_order_relaxed);
+    while (now > peak && !allocated_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
   }
 
   void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
               std::size_t rounded, Status result = Status::kOk, bool async = false,
               bool hit = false) {
-    if (observer == nullptr) return;
+    AllocatorObserver* o = observer.load(std::memory_order_acquire);
+    if (o == nullptr) return;
     AllocatorEvent e{};
     e.kind = kind;
     e.async = async;
@@ -65,17 +140,63 @@ struct DeviceAllocator::Impl {
     e.requested = requested;
     e.rounded = rounded;
     e.allocated_after = allocated();
-    e.reserved_after = reserved();
-    observer->on_event(e);
+    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
+    o->on_event(e);
   }
 
-  template <typename F>
-  void update(StatArray& array, PoolKind kind, F&& op) {
-    op(array[kStatAll]);
-    op(array[stat_index(kind)]);
+  void add(StatArray& a, PoolKind k, std::int64_t n) { add_stat(a, k, n); }
+  void sub(StatArray& a, PoolKind k, std::int64_t n) { sub_stat(a, k, n); }
+
+  // --- thread caches
+  struct LocalEntry {
+    std::uint64_t id;
+    std::weak_ptr<Impl> owner;
+    std::shared_ptr<ThreadCache> cache;
+  };
+  // A thread's caches, one per allocator it used; given back when the thread exits.
+  struct LocalCaches {
+    std::vector<LocalEntry> entries;
+    ~LocalCaches() {
+      for (LocalEntry& e : entries) {
+        if (auto owner = e.owner.lock()) owner->retire(e.cache);
+      }
+    }
+  };
+
+  ThreadCache& local_cache() {
+    thread_local LocalCaches local;
+    for (LocalEntry& e : local.entries) {
+      if (e.id == id) return *e.cache;
+    }
+    std::erase_if(local.entries, [](const LocalEntry& e) { return e.owner.expired(); });
+    auto cache = std::make_shared<ThreadCache>();
+    {
+      std::lock_guard lock(mutex);
+      caches.push_back(cache);
+    }
+    local.entries.push_back(LocalEntry{id, weak_from_this(), cache});
+    return *cache;
   }
-  void add(StatArray& a, PoolKind k, std::int64_t n) { update(a, k, [n](Stat& s) { s.increase(n); }); }
-  void sub(StatArray& a, PoolKind k, std::int64_t n) { update(a, k, [n](Stat& s) { s.decrease(n); }); }
+
+  void retire(const std::shared_ptr<ThreadCache>& cache) {
+    std::lock_guard lock(mutex);
+    drain(*cache, true);
+    std::erase(caches, cache);
+  }
+
+  // Takes a cache's statistics, its deferred frees and, with `bins`, its cached blocks.
+  void drain(ThreadCache& cache, bool bins) {
+    std::lock_guard lock(cache.lock);
+    merge_stats(stats, cache.delta());
+    stats.num_cache_hits += cache.hits;
+    cache.hits = 0;
+    for (Block* b : cache.deferred()) fences.defer_to_epoch(b);
+    cache.deferred().clear();
+    if (bins) cache.drain_bins([this](Block* b) { make_reusable(b); });
+  }
+  void drain_all(bool bins) {
+    for (auto& cache : caches) drain(*cache, bins);
+  }
 
   // --- pools (they track the inactive-split statistics)
   void pool_insert(Block* b) {
@@ -105,11 +226,14 @@ struct DeviceAllocator::Impl {
     return b;
   }
 
-  // A free block becomes reusable: merge it with free neighbours and put it in its pool.
+  // A freed block stops being active and becomes reusable.
   void release_block(Block* b) {
-    const PoolKind kind = b->segment->pool;
-    sub(stats.active, kind, 1);
-    sub(stats.active_bytes, kind, static_cast<std::int64_t>(b->size));
+    account_inactive(stats, b);
+    make_reusable(b);
+  }
+
+  // Merges a free block with free neighbours and puts it in its pool.
+  void make_reusable(Block* b) {
     b->state = BlockState::kFree;
     b->stream_uses.clear();
     if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
@@ -144,6 +268,7 @@ struct DeviceAllocator::Impl {
     DevicePtr base = 0;
     if (backend.allocate_segment(size, &base) != Status::kOk) return nullptr;
     Segment* s = segments.add(base, size, kind, stream);
+    reserved_now.store(segments.bytes(), std::memory_order_relaxed);
     ++stats.num_device_alloc;
     add(stats.segment, kind, 1);
     add(stats.reserved_bytes, kind, static_cast<std::int64_t>(size));
@@ -160,6 +285,7 @@ struct DeviceAllocator::Impl {
     pool_erase(s->first);
     backend.free_segment(base, size);
     segments.remove(s);
+    reserved_now.store(segments.bytes(), std::memory_order_relaxed);
     ++stats.num_device_free;
     sub(stats.segment, kind, 1);
     sub(stats.reserved_bytes, kind, static_cast<std::int64_t>(size));
@@ -242,6 +368,7 @@ struct DeviceAllocator::Impl {
   }
 
   std::size_t release_everything_idle() {
+    drain_all(true);
     wait_pending();
     const std::size_t released = release_idle(idle_segments([](Segment*) { return true; }));
     notify(EventKind::kCacheRelease, 0, 0, released, released);
@@ -250,8 +377,7 @@ struct DeviceAllocator::Impl {
 
   // Hands `b` (free, out of its pool) to the program, splitting off what it does not need.
   void take(Block* b, std::size_t requested, std::size_t rounded) {
-    const PoolKind kind = b->segment->pool;
-    if (sizes.should_split(b->size, rounded, kind)) {
+    if (sizes.should_split(b->size, rounded, b->segment->pool)) {
       auto* rest = new Block;
       rest->ptr = b->ptr + rounded;
       rest->size = b->size - rounded;
@@ -266,13 +392,9 @@ struct DeviceAllocator::Impl {
     }
     b->state = BlockState::kAllocated;
     b->requested = requested;
-    live.emplace(b->ptr, b);
-    add(stats.allocation, kind, 1);
-    add(stats.active, kind, 1);
-    add(stats.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
-    add(stats.active_bytes, kind, static_cast<std::int64_t>(b->size));
-    add(stats.requested_bytes, kind, static_cast<std::int64_t>(requested));
-    if (sizes.is_oversize(b->size)) ++stats.oversize_allocations;
+    account_alloc(stats, b, sizes.is_oversize(b->size));
+    count_allocated(static_cast<std::int64_t>(b->size));
+    live.insert(b->ptr, b);
   }
 
   OomReport make_oom_report(std::size_t requested, std::size_t rounded, StreamHandle stream) {
@@ -303,7 +425,10 @@ struct DeviceAllocator::Impl {
     bool hit = true;
     Block* b = bytes > kMaxRequest ? nullptr : find_free(stream, rounded, kind);
     if (b == nullptr && bytes <= kMaxRequest) {
-      if (collect_ready() > 0) b = find_free(stream, rounded, kind);
+      // Blocks parked in thread caches go back to the pools before any new memory is cut.
+      drain_all(true);
+      b = find_free(stream, rounded, kind);
+      if (b == nullptr && collect_ready() > 0) b = find_free(stream, rounded, kind);
       if (b == nullptr && fences.epoch_open()) {
         fences.close_epoch(backend);
         if (collect_ready() > 0) b = find_free(stream, rounded, kind);
@@ -335,15 +460,11 @@ struct DeviceAllocator::Impl {
     return Status::kOk;
   }
 
-  Status free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
-    auto it = live.find(ptr);
-    if (it == live.end()) return Status::kInvalidValue;
-    Block* b = it->second;
-    live.erase(it);
-    const PoolKind kind = b->segment->pool;
-    sub(stats.allocation, kind, 1);
-    sub(stats.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
-    sub(stats.requested_bytes, kind, static_cast<std::int64_t>(b->requested));
+  // `b` was taken out of the live map by the caller.
+  void free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
+    const DevicePtr ptr = b->ptr;
+    account_free(stats, b, sizes.is_oversize(b->size));
+    count_allocated(-static_cast<std::int64_t>(b->size));
     const std::size_t requested = b->requested;
     const std::size_t size = b->size;
     b->state = BlockState::kPending;
@@ -372,31 +493,89 @@ struct DeviceAllocator::Impl {
       }
     }
     notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
-    return Status::kOk;
   }
 };
 
 DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
-    : backend_(backend), options_(options), device_(device),
-      impl_(std::make_unique<Impl>(backend_, options_, device)) {}
+    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {}
 
 DeviceAllocator::~DeviceAllocator() = default;
 
 Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
-  std::lock_guard lock(mutex_);
-  return impl_->allocate(bytes, stream, out, async);
+  Impl& m = *impl_;
+  if (m.options.thread_cache && bytes != 0 && bytes <= std::numeric_limits<std::size_t>::max() / 2) {
+    // Hot path: an exact-size block from this thread's cache.
+    const std::size_t rounded = m.sizes.round(bytes);
+    ThreadCache& cache = m.local_cache();
+    Block* b = nullptr;
+    {
+      std::lock_guard lock(cache.lock);
+      b = cache.pop(stream, rounded);
+      if (b != nullptr) {
+        b->state = BlockState::kAllocated;
+        b->requested = bytes;
+        account_alloc(cache.delta(), b, m.sizes.is_oversize(b->size));
+        ++cache.hits;
+      }
+    }
+    if (b != nullptr) {
+      m.count_allocated(static_cast<std::int64_t>(b->size));
+      m.live.insert(b->ptr, b);
+      *out = b->ptr;
+      m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true);
+      return Status::kOk;
+    }
+  }
+  std::lock_guard lock(m.mutex);
+  return m.allocate(bytes, stream, out, async);
 }
 
 Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
-  std::lock_guard lock(mutex_);
-  return impl_->free(ptr, order, stream, async);
+  Impl& m = *impl_;
+  Block* b = m.live.take(ptr);
+  if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
+  // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
+  // there for the next device fence.
+  const bool reusable = order == FreeOrder::kCompleted ||
+                        (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
+  if (m.options.thread_cache && (reusable || order == FreeOrder::kDevice)) {
+    ThreadCache& cache = m.local_cache();
+    const std::size_t size = b->size;
+    const std::size_t requested = b->requested;
+    bool cached = false;
+    bool hand_over = false;
+    {
+      std::lock_guard lock(cache.lock);
+      account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
+      if (reusable) {
+        account_inactive(cache.delta(), b);
+        cached = cache.push(b, m.sizes.round(requested));
+        if (!cached) b->state = BlockState::kPending;
+      } else {
+        b->state = BlockState::kPending;
+        b->stream_uses.clear();
+        cache.deferred().push_back(b);
+        cached = true;
+        hand_over = cache.deferred().size() >= ThreadCache::kMaxDeferred;
+      }
+    }
+    m.count_allocated(-static_cast<std::int64_t>(size));
+    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
+    if (cached && !hand_over) return Status::kOk;
+    std::lock_guard lock(m.mutex);
+    if (!cached) m.make_reusable(b);  // its bin was full
+    if (hand_over) m.drain(cache, false);
+    return Status::kOk;
+  }
+  std::lock_guard lock(m.mutex);
+  m.free(b, order, stream, async);
+  return Status::kOk;
 }
 
 Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
-  std::lock_guard lock(mutex_);
-  auto it = impl_->live.find(ptr);
-  if (it == impl_->live.end()) return Status::kInvalidValue;
-  Block* b = it->second;
+  std::lock_guard lock(impl_->mutex);
+  Block* b = impl_->live.get(ptr);
+  if (b == nullptr) return Status::kInvalidValue;
   if (stream != b->stream &&
       std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
     b->stream_uses.push_back(stream);
@@ -405,12 +584,11 @@ Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
 }
 
 void DeviceAllocator::set_observer(AllocatorObserver* observer) {
-  std::lock_guard lock(mutex_);
-  impl_->observer = observer;
+  impl_->observer.store(observer, std::memory_order_release);
 }
 
 std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   const Segment* s = impl_->segments.containing(ptr);
   if (s == nullptr) return std::nullopt;
   const Block* b = SegmentTable::block_containing(*s, ptr);
@@ -419,28 +597,38 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
 }
 
 bool DeviceAllocator::owns(DevicePtr ptr) const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   return impl_->segments.containing(ptr) != nullptr;
 }
 
 std::size_t DeviceAllocator::release_cached() {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   return impl_->release_everything_idle();
 }
 
 void DeviceAllocator::synchronize_pending() {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
+  impl_->drain_all(false);
   impl_->wait_pending();
 }
 
 void DeviceAllocator::forget_all() {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
+  for (auto& cache : m.caches) {
+    std::lock_guard cache_lock(cache->lock);
+    cache->drain_bins([](Block*) {});
+    cache->deferred().clear();
+    cache->delta() = MemoryStats{};
+    cache->hits = 0;
+  }
   m.fences.clear();
   m.live.clear();
   m.small_pool = BlockPool{};
   m.large_pool = BlockPool{};
   m.segments.clear();
+  m.reserved_now.store(0);
+  m.allocated_now.store(0);
   MemoryStats fresh;
   fresh.num_alloc_retries = m.stats.num_alloc_retries;
   fresh.num_ooms = m.stats.num_ooms;
@@ -452,37 +640,49 @@ void DeviceAllocator::forget_all() {
 }
 
 MemoryStats DeviceAllocator::stats() const {
-  std::lock_guard lock(mutex_);
-  return impl_->stats;
+  std::lock_guard lock(impl_->mutex);
+  Impl& m = *impl_;
+  for (auto& cache : m.caches) {
+    std::lock_guard cache_lock(cache->lock);
+    merge_stats(m.stats, cache->delta());
+    m.stats.num_cache_hits += cache->hits;
+    cache->hits = 0;
+  }
+  MemoryStats out = m.stats;
+  // The one figure kept exact across threads.
+  out.allocated_bytes[kStatAll].current = m.allocated_now.load();
+  out.allocated_bytes[kStatAll].peak = std::max(out.allocated_bytes[kStatAll].peak, m.allocated_peak.load());
+  return out;
 }
 
 void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   impl_->stats.reset_peaks();
+  impl_->allocated_peak.store(impl_->allocated_now.load());
 }
 
 std::string DeviceAllocator::summary() const {
-  std::lock_guard lock(mutex_);
-  return format_memory_summary(impl_->stats, device_, impl_->limit());
+  const MemoryStats s = stats();
+  return format_memory_summary(s, device_, memory_limit());
 }
 
 std::optional<OomReport> DeviceAllocator::last_oom() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   return impl_->last_oom;
 }
 
 std::size_t DeviceAllocator::cached_bytes() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   return impl_->reserved() - impl_->allocated();
 }
 
 std::size_t DeviceAllocator::memory_limit() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   return impl_->limit();
 }
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(impl_->mutex);
   impl_->limit_override = bytes;
 }
 

@@ -4,10 +4,8 @@
 
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "allocator/backend.h"
 #include "allocator/events.h"
@@ -38,6 +36,8 @@ struct AllocationInfo {
   std::size_t segment_size = 0;
 };
 
+// Thread-safe. A cached allocate and free use only the calling thread's cache and a shard of
+// the live-block map; everything else runs under the allocator's lock.
 class DeviceAllocator {
  public:
   DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device = 0);
@@ -84,11 +84,9 @@ class DeviceAllocator {
   struct Impl;
 
  private:
-  SegmentBackend& backend_;
   AllocatorOptions options_;
   int device_;
-  mutable std::mutex mutex_;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the thread caches' owners (see thread_cache.h)
 };
 
 }  // namespace cudalloc

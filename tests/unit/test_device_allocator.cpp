@@ -145,7 +145,9 @@ TEST_CASE("frees of one epoch share a single device fence") {
 }
 
 TEST_CASE("freed neighbours coalesce into one block") {
-  Fixture f;
+  AllocatorOptions o;
+  o.thread_cache = false;  // blocks parked in a thread cache coalesce only when drained
+  Fixture f(o);
   DevicePtr a = f.get(512 * kKiB);
   DevicePtr b = f.get(512 * kKiB);
   DevicePtr c = f.get(512 * kKiB);
@@ -403,6 +405,33 @@ TEST_CASE("an observer sees allocations, frees, segments and OOMs") {
   CHECK(rec.events[3].cache_hit);
   CHECK(rec.events.back().kind == EventKind::kOom);
   CHECK(rec.events.back().result == Status::kOutOfMemory);
+}
+
+TEST_CASE("cached blocks are served from the thread cache and drained under pressure") {
+  AllocatorOptions o;
+  o.memory_limit_bytes = 20 * kMiB;
+  Fixture f(o);
+  DevicePtr a = f.get(3000);
+  f.alloc.free(a, FreeOrder::kCompleted);
+  CHECK(f.get(3000) == a);  // same rounded size: from the cache
+  CHECK(f.stat("num_cache_hits") == 1);
+  f.alloc.free(a, FreeOrder::kCompleted);
+  // The segment is whole again only once the cache is drained; a request for all of the
+  // limit forces that rather than failing.
+  DevicePtr big = f.get(20 * kMiB);
+  CHECK(big != 0);
+  CHECK(f.stat("num_device_free") == 1);  // the 2 MiB small segment was given back
+  CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(20 * kMiB));
+}
+
+TEST_CASE("a block cached by one thread is freed by another") {
+  Fixture f;
+  DevicePtr a = f.get(8192);
+  std::thread([&] { CHECK(f.alloc.free(a, FreeOrder::kCompleted) == Status::kOk); }).join();
+  // The freeing thread exited: its cache went back to the pools.
+  CHECK(f.get(8192) == a);
+  CHECK(f.stat("allocation.all.current") == 1);
+  CHECK(f.stat("allocated_bytes.all.current") == 8192);
 }
 
 TEST_CASE("threads allocating and freeing at once never share a byte") {

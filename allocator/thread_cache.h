@@ -1,0 +1,77 @@
+// A thread's private stock of free blocks, so that a cached allocate and free touch no shared
+// lock. Bins hold blocks reusable at once on their stream, keyed by (stream, rounded request
+// size): a block may be larger than the request it served, and serves the same request again.
+// Blocks freed with cudaFree wait in `deferred` until the device allocator puts them behind a
+// device fence. The owner thread takes `lock` uncontended; the device allocator takes it to
+// drain the cache under pressure and to read the statistics deltas.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "allocator/block.h"
+#include "allocator/memory_stats.h"
+#include "allocator/spin_lock.h"
+
+namespace cudalloc {
+
+class ThreadCache {
+ public:
+  static constexpr std::size_t kBins = 32;
+  static constexpr std::size_t kDepth = 8;
+  // Past this many deferred frees the owner hands them to the device allocator.
+  static constexpr std::size_t kMaxDeferred = 256;
+
+  Block* pop(StreamHandle stream, std::size_t size) {
+    Bin& bin = bins_[index(stream, size)];
+    // A bin may hold another key (collision): then this is a miss.
+    if (bin.count == 0 || bin.stream != stream || bin.size != size) return nullptr;
+    return bin.blocks[--bin.count];
+  }
+
+  // False when the bin is full or holds another key.
+  bool push(Block* block, std::size_t size) {
+    Bin& bin = bins_[index(block->stream, size)];
+    if (bin.count != 0 && (bin.stream != block->stream || bin.size != size)) return false;
+    if (bin.count == kDepth) return false;
+    bin.stream = block->stream;
+    bin.size = size;
+    bin.blocks[bin.count++] = block;
+    block->state = BlockState::kCached;
+    return true;
+  }
+
+  template <typename F>
+  void drain_bins(F&& f) {
+    for (Bin& bin : bins_) {
+      while (bin.count != 0) f(bin.blocks[--bin.count]);
+    }
+  }
+
+  std::vector<Block*>& deferred() { return deferred_; }
+
+  // Statistics changes made on the hot path, folded into the allocator's under its lock.
+  MemoryStats& delta() { return delta_; }
+  std::int64_t hits = 0;
+
+  SpinLock lock;
+
+ private:
+  struct Bin {
+    StreamHandle stream = 0;
+    std::size_t size = 0;
+    std::size_t count = 0;
+    std::array<Block*, kDepth> blocks{};
+  };
+  static std::size_t index(StreamHandle stream, std::size_t size) {
+    return (((size >> 9) ^ (stream * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull) >> 59;
+  }
+
+  std::array<Bin, kBins> bins_;
+  std::vector<Block*> deferred_;
+  MemoryStats delta_;
+};
+
+}  // namespace cudalloc

@@ -262,6 +262,24 @@ class TraceWriter final : public AllocatorObserver {
   std::uint64_t op_ = 0;
 };
 
+// Peaks measured from the allocator's events (each carries the totals after it), forwarded to
+// a trace writer if there is one. The events' totals are exact after every call; the peaks of
+// MemoryStats are kept too (as stats_peak_*) to cross-check the core's own accounting.
+class PeakObserver final : public AllocatorObserver {
+ public:
+  explicit PeakObserver(AllocatorObserver* next) : next_(next) {}
+  void on_event(const AllocatorEvent& e) noexcept override {
+    allocated = std::max(allocated, e.allocated_after);
+    reserved = std::max(reserved, e.reserved_after);
+    if (next_ != nullptr) next_->on_event(e);
+  }
+  std::size_t allocated = 0;
+  std::size_t reserved = 0;
+
+ private:
+  AllocatorObserver* next_;
+};
+
 // --- one replay
 
 struct ReplayResult {
@@ -269,6 +287,8 @@ struct ReplayResult {
   std::int64_t peak_reserved = 0;
   std::int64_t peak_requested = 0;
   std::int64_t peak_segments = 0;
+  std::int64_t stats_peak_allocated = 0;  // MemoryStats' own peaks
+  std::int64_t stats_peak_reserved = 0;
   std::int64_t device_allocs = 0;
   std::int64_t device_frees = 0;
   std::int64_t cache_hits = 0;
@@ -287,10 +307,13 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
   SimBackend sim(SimOptions{.total_memory = total, .host_memory = false});
   DeviceAllocator alloc(sim, options);
   if (limit != 0) alloc.set_memory_limit(limit);
-  if (writer != nullptr) alloc.set_observer(writer);
+  PeakObserver peaks(writer);
+  alloc.set_observer(&peaks);
   ReplayResult r;
   r.limit = alloc.memory_limit();
   std::vector<DevicePtr> ptrs(t.slots, 0);
+  std::vector<std::uint64_t> requested(t.slots, 0);
+  std::uint64_t requested_now = 0, requested_peak = 0;
   std::uint64_t index = 0;
   for (const Op& op : t.ops) {
     if (writer != nullptr) writer->set_op(index++);
@@ -299,6 +322,9 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
       const Status s = alloc.allocate(op.bytes, op.stream, &p, op.async);
       if (s == Status::kOk) {
         ptrs[op.slot] = p;
+        requested[op.slot] = op.bytes;
+        requested_now += op.bytes;
+        requested_peak = std::max(requested_peak, requested_now);
       } else {
         ++r.ooms;
         r.completed = false;
@@ -311,15 +337,18 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
         continue;
       }
       ptrs[op.slot] = 0;
+      requested_now -= requested[op.slot];
       const FreeOrder order = op.stream == kNoStream ? FreeOrder::kDevice : FreeOrder::kStream;
       if (alloc.free(p, order, op.stream, op.async) != Status::kOk) ++r.free_failures;
     }
   }
-  if (writer != nullptr) alloc.set_observer(nullptr);
+  alloc.set_observer(nullptr);
   const MemoryStats st = alloc.stats();
-  r.peak_allocated = st.allocated_bytes[kStatAll].peak;
-  r.peak_reserved = st.reserved_bytes[kStatAll].peak;
-  r.peak_requested = st.requested_bytes[kStatAll].peak;
+  r.peak_allocated = static_cast<std::int64_t>(peaks.allocated);
+  r.peak_reserved = static_cast<std::int64_t>(peaks.reserved);
+  r.stats_peak_allocated = st.allocated_bytes[kStatAll].peak;
+  r.stats_peak_reserved = st.reserved_bytes[kStatAll].peak;
+  r.peak_requested = static_cast<std::int64_t>(requested_peak);
   r.peak_segments = st.segment[kStatAll].peak;
   r.device_allocs = st.num_device_alloc;
   r.device_frees = st.num_device_free;
@@ -351,6 +380,9 @@ MinMemory min_memory(const Trace& t, const AllocatorOptions& options, std::size_
   std::uint64_t lo = unlimited.peak_allocated > 0 ? (std::uint64_t(unlimited.peak_allocated) - 1) / resolution : 0;
   const std::uint64_t top = top_limit / resolution;  // no limit above the configured one
   m.upper = top * resolution;
+  // Trust but verify: if the lower bound completes after all (statistics that over-report the
+  // peak), search from zero.
+  if (lo != 0 && lo <= top && ok(lo * resolution)) lo = 0;
   std::uint64_t hi = std::max<std::uint64_t>(units_up(std::size_t(unlimited.peak_reserved)), lo + 1);
   if (hi > top) hi = top;
   while (!(hi > lo && ok(hi * resolution))) {
@@ -486,13 +518,15 @@ void print_json(const Options& o, const Trace& t, const std::vector<Row>& rows) 
                 "\"peak_requested\": %lld, \"utilization\": %.6f, \"segments\": %lld, \"device_calls\": %lld, "
                 "\"device_allocs\": %lld, \"device_frees\": %lld, \"oom_events\": %llu, \"cache_hits\": %lld, "
                 "\"cache_misses\": %lld, \"cache_hit_rate\": %.6f, \"skipped_frees\": %llu, "
-                "\"allocated_at_end\": %lld, \"reserved_at_end\": %lld, \"limit\": %zu",
+                "\"allocated_at_end\": %lld, \"reserved_at_end\": %lld, \"limit\": %zu, "
+                "\"stats_peak_allocated\": %lld, \"stats_peak_reserved\": %lld",
                 json_escape(row.setting).c_str(), (long long)r.peak_allocated, (long long)r.peak_reserved,
                 (long long)r.peak_requested, utilization(r), (long long)r.peak_segments,
                 (long long)(r.device_allocs + r.device_frees), (long long)r.device_allocs,
                 (long long)r.device_frees, (unsigned long long)r.ooms, (long long)r.cache_hits,
                 (long long)r.cache_misses, hit_rate(r), (unsigned long long)r.skipped_frees,
-                (long long)r.allocated_at_end, (long long)r.reserved_at_end, r.limit);
+                (long long)r.allocated_at_end, (long long)r.reserved_at_end, r.limit,
+                (long long)r.stats_peak_allocated, (long long)r.stats_peak_reserved);
     if (row.min) {
       if (row.min->bytes) std::printf(", \"min_memory\": %zu", *row.min->bytes);
       else std::printf(", \"min_memory\": null");

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "allocator/memory_stats.h"
@@ -29,23 +30,32 @@ struct Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   BlockState state = BlockState::kFree;
+  bool mapped = true;                     // false: unbacked address space of an expandable segment
   int pending_fences = 0;                 // fences still to complete before reuse
   std::vector<StreamHandle> stream_uses;  // other streams the program used it on
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-// One allocation from the device, cut into blocks.
+// One allocation from the device, cut into blocks. An expandable segment is instead a range of
+// reserved address space, mapped chunk by chunk as it grows; its blocks cover the whole range.
 struct Segment {
   DevicePtr base = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;          // address space covered
+  bool expandable = false;
+  std::size_t mapped_bytes = 0;  // expandable: bytes backed by device memory
+  std::map<DevicePtr, std::size_t> chunks;  // expandable: each map() call, by address
   PoolKind pool = PoolKind::kSmall;
   StreamHandle stream = 0;
   Block* first = nullptr;
   std::uint64_t idle_since = 0;  // allocator tick when it last became wholly free
 
-  // Wholly free: one block, in a pool.
-  bool idle() const { return first != nullptr && first->next == nullptr && first->state == BlockState::kFree; }
+  // Memory it holds from the device.
+  std::size_t reserved() const { return expandable ? mapped_bytes : size; }
+  // A plain segment that is wholly free: one block, in a pool.
+  bool idle() const {
+    return !expandable && first != nullptr && first->next == nullptr && first->state == BlockState::kFree;
+  }
 };
 
 }  // namespace cudalloc

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -88,6 +89,8 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
 
   BlockPool small_pool;
   BlockPool large_pool;
+  BlockPool unmapped_pool;  // unbacked free ranges of expandable segments
+  std::map<std::pair<StreamHandle, PoolKind>, Segment*> expandable;
   SegmentTable segments;
   FenceQueue fences;
   LiveMap live;
@@ -201,6 +204,10 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   // --- pools (they track the inactive-split statistics)
   void pool_insert(Block* b) {
     b->state = BlockState::kFree;
+    if (!b->mapped) {
+      unmapped_pool.insert(b);
+      return;
+    }
     if (b->is_split()) {
       add(stats.inactive_split, b->segment->pool, 1);
       add(stats.inactive_split_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
@@ -208,6 +215,10 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     pool(b->segment->pool).insert(b);
   }
   void pool_erase(Block* b) {
+    if (!b->mapped) {
+      unmapped_pool.erase(b);
+      return;
+    }
     pool(b->segment->pool).erase(b);
     if (b->is_split()) {
       sub(stats.inactive_split, b->segment->pool, 1);
@@ -236,7 +247,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   void make_reusable(Block* b) {
     b->state = BlockState::kFree;
     b->stream_uses.clear();
-    if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
+    if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree && prev->mapped == b->mapped) {
       pool_erase(prev);
       prev->size += b->size;
       prev->next = b->next;
@@ -244,7 +255,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
       delete b;
       b = prev;
     }
-    if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
+    if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree && next->mapped == b->mapped) {
       pool_erase(next);
       b->size += next->size;
       b->next = next->next;
@@ -293,6 +304,114 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     notify(EventKind::kSegmentFree, stream, base, size, size);
   }
 
+  // --- expandable segments: one address range per (stream, pool), mapped as it grows, so that
+  // a large block finds room at the growth point instead of a new segment being cut.
+  Segment* expandable_segment(StreamHandle stream, PoolKind kind) {
+    auto it = expandable.find({stream, kind});
+    if (it != expandable.end()) return it->second;
+    // Enough address space for the whole limit: the segment never has to move.
+    const std::size_t g = backend.vm_granularity();
+    const std::size_t va = (limit() + g - 1) / g * g;
+    DevicePtr base = 0;
+    if (va == 0 || backend.reserve_address(va, &base) != Status::kOk) return nullptr;
+    Segment* s = segments.add_expandable(base, va, kind, stream);
+    unmapped_pool.insert(s->first);
+    add(stats.segment, kind, 1);
+    expandable.emplace(std::make_pair(stream, kind), s);
+    return s;
+  }
+
+  // Splits `b` at `offset`; the new block after it shares its state and mapping.
+  static Block* split_at(Block* b, std::size_t offset) {
+    auto* rest = new Block;
+    rest->ptr = b->ptr + offset;
+    rest->size = b->size - offset;
+    rest->stream = b->stream;
+    rest->segment = b->segment;
+    rest->mapped = b->mapped;
+    rest->state = b->state;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = offset;
+    return rest;
+  }
+
+  // Maps just enough of the first unmapped range that, with the free mapped block before it,
+  // holds the request; returns that block, out of its pool.
+  Block* grow(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+    Segment* s = expandable_segment(stream, kind);
+    if (s == nullptr) return nullptr;
+    const std::size_t g = backend.vm_granularity();
+    for (Block* u = s->first; u != nullptr; u = u->next) {
+      if (u->mapped || u->state != BlockState::kFree) continue;
+      Block* before = u->prev;
+      const std::size_t have =
+          before != nullptr && before->mapped && before->state == BlockState::kFree ? before->size : 0;
+      if (have + u->size < rounded) continue;
+      const std::size_t need = std::min(u->size, (rounded - have + g - 1) / g * g);
+      if (need > limit() || reserved() > limit() - need) return nullptr;
+      if (backend.map(u->ptr, need) != Status::kOk) return nullptr;
+      s->chunks.emplace(u->ptr, need);
+      segments.note_mapped(s, static_cast<std::ptrdiff_t>(need));
+      reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+      ++stats.num_device_alloc;
+      add(stats.reserved_bytes, kind, static_cast<std::int64_t>(need));
+      notify(EventKind::kSegmentAlloc, stream, u->ptr, need, need);
+      pool_erase(u);
+      if (u->size > need) pool_insert(split_at(u, need));
+      u->mapped = true;
+      make_reusable(u);  // joins the free block before it
+      return find_free(stream, rounded, kind);
+    }
+    return nullptr;
+  }
+
+  // Gives back every mapped chunk of `s` that lies inside a free block, once the segment's
+  // stream has passed its frees (the device may still be reading a block freed in stream order).
+  std::size_t unmap_free_chunks(Segment* s, std::size_t stop_below) {
+    if (s->stream != kNoStream) {
+      auto fence = backend.record_fence(s->stream);
+      if (!fence->wait()) return 0;
+    }
+    std::size_t released = 0;
+    for (auto it = s->chunks.begin(); it != s->chunks.end() && reserved() > stop_below;) {
+      const auto [start, bytes] = *it;
+      Block* b = SegmentTable::block_containing(*s, start);
+      const bool inside = b != nullptr && b->mapped && b->state == BlockState::kFree &&
+                          start + bytes <= b->ptr + b->size;
+      if (!inside || backend.unmap(start, bytes) != Status::kOk) {
+        ++it;
+        continue;
+      }
+      pool_erase(b);
+      if (b->ptr + b->size > start + bytes) pool_insert(split_at(b, start + bytes - b->ptr));
+      Block* gone = b->ptr < start ? split_at(b, start - b->ptr) : b;
+      if (gone != b) pool_insert(b);
+      gone->mapped = false;
+      make_reusable(gone);  // joins neighbouring unmapped ranges
+      segments.note_mapped(s, -static_cast<std::ptrdiff_t>(bytes));
+      reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+      ++stats.num_device_free;
+      sub(stats.reserved_bytes, s->pool, static_cast<std::int64_t>(bytes));
+      notify(EventKind::kSegmentFree, s->stream, start, bytes, bytes);
+      released += bytes;
+      it = s->chunks.erase(it);
+    }
+    return released;
+  }
+
+  std::size_t unmap_all_free_chunks(std::size_t stop_below = 0) {
+    std::size_t released = 0;
+    for (auto& [key, s] : expandable) released += unmap_free_chunks(s, stop_below);
+    return released;
+  }
+
+  Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+    return options.expandable_segments ? grow(stream, rounded, kind) : new_segment(stream, rounded, kind);
+  }
+
   template <typename Pred>
   std::vector<Segment*> idle_segments(Pred&& pred) {
     std::vector<Segment*> out;
@@ -324,6 +443,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
       if (reserved() <= target) break;
       free_segment(s);
     }
+    if (reserved() > target) unmap_all_free_chunks(target);
   }
 
   // Oversize idle blocks go back first: the best fitting one, else the largest ones until
@@ -370,7 +490,8 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   std::size_t release_everything_idle() {
     drain_all(true);
     wait_pending();
-    const std::size_t released = release_idle(idle_segments([](Segment*) { return true; }));
+    const std::size_t released =
+        release_idle(idle_segments([](Segment*) { return true; })) + unmap_all_free_chunks();
     notify(EventKind::kCacheRelease, 0, 0, released, released);
     return released;
   }
@@ -437,14 +558,14 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
       if (b == nullptr) {
         hit = false;
         collect_garbage();
-        b = new_segment(stream, rounded, kind);
+        b = obtain(stream, rounded, kind);
       }
-      if (b == nullptr && release_oversize(rounded)) b = new_segment(stream, rounded, kind);
+      if (b == nullptr && release_oversize(rounded)) b = obtain(stream, rounded, kind);
       if (b == nullptr) {
         ++stats.num_alloc_retries;
         release_everything_idle();
         b = find_free(stream, rounded, kind);
-        if (b == nullptr) b = new_segment(stream, rounded, kind);
+        if (b == nullptr) b = obtain(stream, rounded, kind);
       }
     }
     if (b == nullptr) {
@@ -626,6 +747,8 @@ void DeviceAllocator::forget_all() {
   m.live.clear();
   m.small_pool = BlockPool{};
   m.large_pool = BlockPool{};
+  m.unmapped_pool = BlockPool{};
+  m.expandable.clear();
   m.segments.clear();
   m.reserved_now.store(0);
   m.allocated_now.store(0);

@@ -32,10 +32,23 @@ Segment* SegmentTable::add(DevicePtr base, std::size_t size, PoolKind pool, Stre
   return raw;
 }
 
+Segment* SegmentTable::add_expandable(DevicePtr base, std::size_t size, PoolKind pool, StreamHandle stream) {
+  Segment* s = add(base, size, pool, stream);
+  bytes_ -= size;  // nothing is mapped yet
+  s->expandable = true;
+  s->first->mapped = false;
+  return s;
+}
+
+void SegmentTable::note_mapped(Segment* segment, std::ptrdiff_t bytes) {
+  segment->mapped_bytes = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(segment->mapped_bytes) + bytes);
+  bytes_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(bytes_) + bytes);
+}
+
 void SegmentTable::remove(Segment* segment) {
   auto it = segments_.find(segment->base);
   if (it == segments_.end() || it->second.get() != segment) return;
-  bytes_ -= segment->size;
+  bytes_ -= segment->reserved();
   delete_blocks(*segment);
   segments_.erase(it);
 }

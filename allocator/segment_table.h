@@ -18,6 +18,10 @@ class SegmentTable {
 
   // A new segment holding one free block that covers it.
   Segment* add(DevicePtr base, std::size_t size, PoolKind pool, StreamHandle stream);
+  // A new expandable segment over reserved address space: one unmapped free block.
+  Segment* add_expandable(DevicePtr base, std::size_t size, PoolKind pool, StreamHandle stream);
+  // Records that `bytes` (negative: unmapped) of an expandable segment changed mapping.
+  void note_mapped(Segment* segment, std::ptrdiff_t bytes);
   // Deletes the segment and its blocks.
   void remove(Segment* segment);
   // Deletes everything.
@@ -28,6 +32,7 @@ class SegmentTable {
   static Block* block_containing(const Segment& segment, DevicePtr ptr);
 
   std::size_t count() const { return segments_.size(); }
+  // Bytes held from the device (mapped bytes for expandable segments).
   std::size_t bytes() const { return bytes_; }
 
   template <typename F>

@@ -35,6 +35,7 @@ AllocatorOptions random_options(std::mt19937_64& rng) {
   if (rng() % 2 == 0) o.memory_limit_bytes = (64 + rng() % 512) * kMiB;
   if (rng() % 4 == 0) o.per_process_memory_fraction = 0.5;
   o.thread_cache = rng() % 2 == 0;
+  o.expandable_segments = rng() % 3 == 0;
   return o;
 }
 

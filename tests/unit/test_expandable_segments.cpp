@@ -1,0 +1,145 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "allocator/sim_backend.h"
+
+using namespace cudalloc;
+
+namespace {
+
+constexpr StreamHandle kStreamA = 0x10;
+
+struct Fixture {
+  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB) : sim(make_sim(total)) {
+    options.expandable_segments = true;
+    options.memory_limit_bytes = limit;
+    alloc = std::make_unique<DeviceAllocator>(sim, options);
+  }
+  static SimOptions make_sim(std::size_t total) {
+    SimOptions so;
+    so.total_memory = total;
+    return so;
+  }
+  DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
+    DevicePtr p = 0;
+    REQUIRE(alloc->allocate(bytes, stream, &p) == Status::kOk);
+    return p;
+  }
+  std::int64_t stat(const char* key) { return alloc->stats().to_map().at(key); }
+
+  AllocatorOptions options;
+  SimBackend sim;
+  std::unique_ptr<DeviceAllocator> alloc;
+};
+
+}  // namespace
+
+TEST_CASE("an expandable segment grows in place, page by page") {
+  Fixture f;
+  DevicePtr a = f.get(6 * kMiB);
+  DevicePtr b = f.get(8 * kMiB);
+  DevicePtr c = f.get(20 * kMiB);
+  CHECK(b == a + 6 * kMiB);
+  CHECK(c == b + 8 * kMiB);
+  CHECK(f.sim.map_calls() == 3);
+  CHECK(f.sim.segment_calls() == 0);  // no plain segment was cut
+  CHECK(f.stat("segment.all.current") == 1);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(34 * kMiB));
+  std::memset(reinterpret_cast<void*>(a), 1, 34 * kMiB);  // all of it is really mapped
+}
+
+TEST_CASE("growth joins the free block at the end instead of mapping a whole request") {
+  Fixture f;
+  DevicePtr a = f.get(10 * kMiB);
+  DevicePtr b = f.get(4 * kMiB);
+  f.alloc->free(b, FreeOrder::kCompleted);
+  // 4 MiB are free at the growth point: a 10 MiB request maps only 6 more.
+  DevicePtr c = f.get(10 * kMiB);
+  CHECK(c == b);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(20 * kMiB));
+  CHECK(f.sim.map_calls() == 3);
+  (void)a;
+}
+
+TEST_CASE("release gives back free chunks and keeps live blocks mapped") {
+  Fixture f;
+  DevicePtr a = f.get(12 * kMiB);
+  DevicePtr b = f.get(12 * kMiB);
+  DevicePtr c = f.get(12 * kMiB);
+  std::memset(reinterpret_cast<void*>(a), 0x11, 12 * kMiB);
+  std::memset(reinterpret_cast<void*>(c), 0x33, 12 * kMiB);
+  f.alloc->free(b, FreeOrder::kCompleted);
+  CHECK(f.alloc->release_cached() == 12 * kMiB);
+  CHECK(f.sim.used_bytes() == 24 * kMiB);
+  CHECK_FALSE(f.sim.is_accessible(b, 1));
+  CHECK(f.sim.is_accessible(a, 12 * kMiB));
+  CHECK(reinterpret_cast<unsigned char*>(c)[12 * kMiB - 1] == 0x33);
+  // The hole is mapped again when needed.
+  DevicePtr d = f.get(12 * kMiB);
+  CHECK(d == b);
+  CHECK(f.sim.is_accessible(d, 12 * kMiB));
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(36 * kMiB));
+}
+
+TEST_CASE("chunks are unmapped only after the segment's stream has passed the free") {
+  Fixture f;
+  DevicePtr a = f.get(12 * kMiB, kStreamA);
+  bool ran = false;
+  f.sim.enqueue(kStreamA, [&] { ran = true; });
+  f.alloc->free(a, FreeOrder::kStream, kStreamA);
+  f.alloc->release_cached();
+  CHECK(ran);  // the queued work ran before the memory went away
+  CHECK(f.sim.used_bytes() == 0);
+}
+
+TEST_CASE("the limit caps mapped memory, and a failed map is rolled back and retried") {
+  Fixture f(40 * kMiB);
+  std::vector<DevicePtr> ptrs;
+  DevicePtr p = 0;
+  while (f.alloc->allocate(8 * kMiB, kNoStream, &p) == Status::kOk) ptrs.push_back(p);
+  CHECK(ptrs.size() == 5);
+  CHECK(f.sim.used_bytes() == 40 * kMiB);
+  for (DevicePtr q : ptrs) f.alloc->free(q, FreeOrder::kCompleted);
+  f.alloc->release_cached();
+  CHECK(f.sim.used_bytes() == 0);
+
+  const auto retries = f.stat("num_alloc_retries");  // the OOM above went down the ladder once
+  f.sim.fail_after(SimOp::kMap, 0);
+  DevicePtr r = f.get(16 * kMiB);  // first map fails; the ladder retries
+  CHECK(r != 0);
+  CHECK(f.stat("num_alloc_retries") == retries + 1);
+  CHECK(f.sim.used_bytes() == 16 * kMiB);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(16 * kMiB));
+}
+
+TEST_CASE("expandable segments waste less than plain ones on a shape-varying pattern") {
+  // Alternating sizes that plain segments serve with stranded remainders.
+  auto run = [](bool expandable) {
+    AllocatorOptions o;
+    o.expandable_segments = expandable;
+    o.thread_cache = false;
+    SimBackend sim;
+    DeviceAllocator alloc(sim, o);
+    std::vector<DevicePtr> live;
+    for (int step = 0; step < 20; ++step) {
+      for (DevicePtr p : live) alloc.free(p, FreeOrder::kCompleted);
+      live.clear();
+      const std::size_t unit = (2 + step % 5) * kMiB + 512 * kKiB;
+      for (int i = 0; i < 8; ++i) {
+        DevicePtr p = 0;
+        REQUIRE(alloc.allocate(unit * (1 + i % 3), kNoStream, &p) == Status::kOk);
+        live.push_back(p);
+      }
+    }
+    const auto s = alloc.stats();
+    return static_cast<double>(s.allocated_bytes[kStatAll].peak) / static_cast<double>(s.reserved_bytes[kStatAll].peak);
+  };
+  const double plain = run(false);
+  const double grown = run(true);
+  INFO("plain " << plain << " expandable " << grown);
+  CHECK(grown > plain);
+  CHECK(grown > 0.9);
+}

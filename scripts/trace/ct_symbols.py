@@ -1,0 +1,116 @@
+"""Symbolizes the raw return addresses of `stack=` with the `#map` lines of the trace.
+
+addr2line (binutils) does the work when it is installed; without it, or for an address no
+mapping covers, a frame is its raw hex PC.
+"""
+
+import bisect
+import os
+import shutil
+import subprocess
+
+
+def _elf_type(path):
+    """2 (ET_EXEC: absolute addresses) or 3 (ET_DYN: load-relative); None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            h = f.read(18)
+    except OSError:
+        return None
+    if len(h) < 18 or h[:4] != b"\x7fELF":
+        return None
+    little = h[5] == 1
+    return int.from_bytes(h[16:18], "little" if little else "big")
+
+
+class Symbolizer:
+    def __init__(self, maps, use_addr2line=True):
+        # One entry per distinct mapping; the load base of a file is its lowest mapping start.
+        seen = set()
+        self._ranges = []
+        base = {}
+        for start, end, offset, path in maps:
+            if (start, end, path) in seen:
+                continue
+            seen.add((start, end, path))
+            self._ranges.append((start, end, offset, path))
+            if offset == 0 and (path not in base or start < base[path]):
+                base[path] = start
+        self._ranges.sort()
+        self._starts = [r[0] for r in self._ranges]
+        self._base = base
+        self._addr2line = shutil.which("addr2line") if use_addr2line else None
+        self._cache = {}
+
+    @property
+    def available(self):
+        return self._addr2line is not None
+
+    def _locate(self, pc):
+        i = bisect.bisect_right(self._starts, pc) - 1
+        if i < 0:
+            return None
+        start, end, offset, path = self._ranges[i]
+        if pc >= end or not path.startswith("/"):
+            return None
+        if _elf_type(path) == 2:
+            return path, pc
+        b = self._base.get(path, start - offset)
+        return path, pc - b
+
+    def resolve(self, pcs):
+        """Fills the cache for `pcs` (an iterable of ints), one addr2line run per object file."""
+        todo = {}
+        for pc in set(pcs):
+            if pc in self._cache:
+                continue
+            loc = self._locate(pc - 1 if pc > 0 else pc)  # a return address: look at the call
+            if loc is None or self._addr2line is None or not os.path.exists(loc[0]):
+                self._cache[pc] = self._raw(pc, loc)
+                continue
+            todo.setdefault(loc[0], []).append((pc, loc[1]))
+        for path, items in todo.items():
+            addrs = ["0x%x" % rel for _, rel in items]
+            try:
+                out = subprocess.run([self._addr2line, "-f", "-C", "-e", path] + addrs,
+                                     capture_output=True, text=True, timeout=120).stdout.splitlines()
+            except (OSError, subprocess.SubprocessError):
+                out = []
+            for i, (pc, rel) in enumerate(items):
+                if 2 * i + 1 < len(out):
+                    func, fileline = out[2 * i], out[2 * i + 1]
+                    fname, _, line = fileline.rpartition(":")
+                    line = line.split()[0] if line else "0"
+                    if func == "??" and fname in ("??", ""):
+                        self._cache[pc] = self._raw(pc, (path, rel))
+                        continue
+                    self._cache[pc] = {
+                        "name": func if func != "??" else "0x%x" % pc,
+                        "filename": fname if fname not in ("??", "") else path,
+                        "line": int(line) if line.isdigit() else 0,
+                    }
+                else:
+                    self._cache[pc] = self._raw(pc, (path, rel))
+
+    @staticmethod
+    def _raw(pc, loc):
+        if loc is None:
+            return {"name": "0x%x" % pc, "filename": "??", "line": 0}
+        return {"name": "%s+0x%x" % (os.path.basename(loc[0]), loc[1]), "filename": loc[0],
+                "line": 0}
+
+    def frame(self, pc):
+        if pc not in self._cache:
+            self.resolve([pc])
+        return self._cache[pc]
+
+    def frames(self, pcs):
+        return [self.frame(pc) for pc in pcs]
+
+
+def format_frame(f):
+    if f["line"]:
+        return "%s (%s:%d)" % (f["name"], f["filename"], f["line"])
+    if f["filename"] != "??":
+        return "%s (%s)" % (f["name"], f["filename"])
+    return f["name"]

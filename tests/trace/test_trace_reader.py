@@ -1,0 +1,338 @@
+"""Reader tests for scripts/cudalloc-trace: summary, plot and export on a trace recorded just now
+by tests/trace/trace_sample (the real writer) and on the fixtures in tests/trace/data, corrupt
+and truncated ones included.
+
+    python3 test_trace_reader.py SCRIPT TRACE_SAMPLE_EXE DATA_DIR
+"""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = TRACE_SAMPLE = DATA = None
+TMP = None
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def data(name):
+    return os.path.join(DATA, name)
+
+
+def have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+class Sample:
+    """One trace recorded by trace_sample with stacks, and the truth it printed."""
+    path = None
+    truth = None
+
+    @classmethod
+    def get(cls):
+        if cls.path is None:
+            cls.path = os.path.join(TMP, "sample.csv")
+            p = subprocess.run([TRACE_SAMPLE, cls.path, "--stacks", "6"], capture_output=True,
+                               text=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            cls.truth = dict(l.split("=", 1) for l in p.stdout.split() if "=" in l)
+        return cls.path, cls.truth
+
+
+class BadInput(unittest.TestCase):
+    def check_bad(self, path, *words):
+        for cmd in (["summary", path], ["export", path, "--format", "chrome", "-o",
+                                         os.path.join(TMP, "x.json")],
+                    ["export", path, "--format", "torch-snapshot", "-o",
+                     os.path.join(TMP, "x.pickle")]):
+            rc, out, err = run(*cmd)
+            self.assertEqual(rc, 2, (cmd, out, err))
+            self.assertNotIn("Traceback", err)
+            lines = err.strip().splitlines()
+            self.assertEqual(len(lines), 1, err)
+            self.assertTrue(lines[0].startswith("cudalloc-trace: "), err)
+            for w in words:
+                self.assertIn(w, lines[0])
+
+    def test_missing_file(self):
+        self.check_bad(os.path.join(TMP, "nope.csv"), "cannot open", "No such file")
+
+    def test_directory(self):
+        self.check_bad(TMP, "directory")
+
+    def test_empty_file(self):
+        p = os.path.join(TMP, "empty.csv")
+        open(p, "w").close()
+        self.check_bad(p, "empty")
+
+    def test_not_a_trace(self):
+        self.check_bad(data("not_a_trace.csv"), "not a cudalloc trace")
+
+    def test_binary_garbage(self):
+        p = os.path.join(TMP, "garbage.bin")
+        with open(p, "wb") as f:
+            f.write(bytes(range(256)) * 10)
+        self.check_bad(p, "not a cudalloc trace")
+
+    def test_unknown_version(self):
+        self.check_bad(data("bad_version.csv"), "version 2", "not supported")
+
+    def test_truncated_header(self):
+        self.check_bad(data("truncated_header.csv"), "truncated")
+
+    def test_corrupt_line_in_the_middle(self):
+        self.check_bad(data("corrupt_middle.csv"), "corrupt_middle.csv:10:", "corrupt record")
+
+    def test_bad_number_in_the_middle(self):
+        self.check_bad(data("bad_field.csv"), "bad_field.csv:10:", "requested")
+
+    def test_unwritable_output(self):
+        rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o",
+                           os.path.join(TMP, "no", "such", "dir.csv"))
+        self.assertEqual(rc, 2)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+
+
+class Fixture(unittest.TestCase):
+    """small.csv: hand-written, with a dropped record and a truncated last line."""
+
+    def test_summary_values(self):
+        rc, out, err = run("summary", data("small.csv"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("device 0: peak allocated 32.43 MiB (34001408 B) at 0.000003 s", out)
+        self.assertIn("peak reserved 50.00 MiB (52428800 B)", out)
+        self.assertIn("the last line was truncated", out)
+        self.assertIn("dropped 7 records", out)
+        self.assertIn("cache hit rate: 50.0% (2 hits, 2 misses)", out)
+        self.assertIn("1. 28.61 MiB (30000000 B)", out)
+        self.assertIn("python train.py --epochs 1", out)
+
+    def test_summary_json(self):
+        rc, out, err = run("summary", data("small.csv"), "--json")
+        self.assertEqual(rc, 0, err)
+        s = json.loads(out)
+        self.assertEqual(s["records"], 14)
+        self.assertTrue(s["truncated"])
+        self.assertFalse(s["closed_cleanly"])
+        self.assertEqual(s["dropped"], 7)
+        self.assertEqual(s["counts"]["alloc"], 4)
+        self.assertEqual(s["devices"]["0"]["peak_allocated"], 34001408)
+        self.assertEqual(s["devices"]["0"]["peak_reserved_ts_ns"], 3100)
+        self.assertEqual(s["devices"]["1"]["final_reserved"], 0)
+        self.assertEqual(s["largest"][0]["requested"], 30000000)
+        self.assertEqual([m["rounded"] for m in s["miss_sizes"]], [30000128, 4000256])
+        ph = s["phases"]
+        self.assertEqual(list(ph), ["forward", "backward", "optimizer"])
+        self.assertEqual(ph["forward"]["allocs"], 2)
+        self.assertEqual(ph["forward"]["live_at_end"], 4000000)  # relu's block was freed
+        self.assertEqual(ph["optimizer"]["peak_allocated"], 34001408)
+        self.assertEqual(len(s["ooms"]), 1)
+        # --nvtx-depth 0 keeps the whole range stack.
+        rc, out, err = run("summary", data("small.csv"), "--json", "--nvtx-depth", "0")
+        self.assertIn("forward/linear1", json.loads(out)["phases"])
+
+    def test_rmm(self):
+        out_path = os.path.join(TMP, "small.rmm.csv")
+        rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        with open(out_path) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
+        self.assertEqual(lines[1], "4243,10:00:00:000001,allocate,0x7f0000000000,4000000,0")
+        actions = [l.split(",")[2] for l in lines[1:]]
+        self.assertEqual(actions.count("allocate"), 5)
+        self.assertEqual(actions.count("free"), 3)
+        rc, out, err = run("export", data("small.csv"), "--format", "rmm", "--device", "1",
+                           "-o", out_path)
+        with open(out_path) as f:
+            self.assertEqual(len(f.read().splitlines()), 3)
+
+
+class Recorded(unittest.TestCase):
+    """A trace the C++ writer wrote just now."""
+
+    def test_summary_matches_the_allocator(self):
+        path, truth = Sample.get()
+        rc, out, err = run("summary", path, "--json")
+        self.assertEqual(rc, 0, err)
+        s = json.loads(out)
+        self.assertFalse(s["truncated"])
+        self.assertTrue(s["closed_cleanly"])
+        self.assertEqual(s["dropped"], 0)
+        self.assertEqual(s["records"], int(truth["records"]))
+        self.assertEqual(s["devices"]["0"]["peak_allocated"], int(truth["dev0_peak_allocated"]))
+        self.assertEqual(s["devices"]["0"]["peak_reserved"], int(truth["dev0_peak_reserved"]))
+        self.assertEqual(s["devices"]["1"]["peak_allocated"], int(truth["dev1_peak_allocated"]))
+        self.assertEqual(s["cache_hits"], int(truth["hits"]))
+        self.assertEqual(s["cache_misses"], int(truth["misses"]))
+        self.assertEqual(s["largest"][0]["requested"], 64 * 1024 * 1024)
+        self.assertEqual(s["largest"][0]["nvtx"], "setup")
+        self.assertEqual(len(s["ooms"]), int(truth["oom"]))
+        self.assertEqual(list(s["phases"]), ["setup", "forward", "backward", "optimizer"])
+        self.assertEqual(s["phases"]["forward"]["allocs"], 3 * 24)
+        self.assertEqual(s["phases"]["setup"]["live_at_end"], 4 * 10 * 1024 * 1024 + 6000)
+        # Stacks were recorded: the top site by bytes is the 64 MiB weights allocation.
+        self.assertGreater(len(s["sites"]), 0)
+        self.assertEqual(s["sites"][0]["bytes"], 64 * 1024 * 1024)
+        if shutil.which("addr2line"):
+            names = " ".join(f["name"] for f in s["sites"][0]["frames"])
+            self.assertIn("alloc_weights", names)
+
+    def test_summary_text(self):
+        path, truth = Sample.get()
+        rc, out, err = run("summary", path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("(%s B)" % truth["dev0_peak_allocated"], out)
+        self.assertIn("memory by NVTX phase", out)
+        self.assertIn("allocation sites by bytes", out)
+        rc, out, err = run("summary", path, "--no-symbols")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("trace_sample+0x", out)  # raw, module-relative PCs
+
+    def test_truncated_copy(self):
+        path, truth = Sample.get()
+        with open(path, "rb") as f:
+            raw = f.read()
+        # Cut inside a data record, as a kill in the middle of write(2) would.
+        cut = raw[:len(raw) // 2]
+        cut = cut[:cut.rfind(b"\n") + 5]
+        p = os.path.join(TMP, "cut.csv")
+        with open(p, "wb") as f:
+            f.write(cut)
+        rc, out, err = run("summary", p, "--json")
+        self.assertEqual(rc, 0, err)
+        s = json.loads(out)
+        self.assertTrue(s["truncated"])
+        self.assertEqual(s["records"], cut.count(b"\n") - sum(
+            1 for l in cut.split(b"\n")[:-1] if l.startswith(b"#") or l.startswith(b"ts_ns")))
+
+    def test_torch_snapshot(self):
+        path, truth = Sample.get()
+        out_path = os.path.join(TMP, "snap.pickle")
+        rc, out, err = run("export", path, "--format", "torch-snapshot", "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        with open(out_path, "rb") as f:
+            snap = pickle.load(f)
+        self.assertEqual(set(snap), {"segments", "device_traces"})
+        rc, out, err = run("summary", path, "--json")
+        final = json.loads(out)["devices"]
+        per_dev = {}
+        for seg in snap["segments"]:
+            for k in ("device", "address", "total_size", "allocated_size", "active_size",
+                      "requested_size", "stream", "segment_type", "segment_pool_id",
+                      "is_expandable", "frames", "blocks"):
+                self.assertIn(k, seg)
+            self.assertIn(seg["segment_type"], ("small", "large"))
+            # Blocks tile the segment exactly (what _memory_viz.segsum asserts).
+            cursor = seg["address"]
+            for b in seg["blocks"]:
+                self.assertEqual(set(b), {"address", "size", "requested_size", "state", "frames"})
+                self.assertEqual(b["address"], cursor)
+                self.assertIn(b["state"], ("active_allocated", "inactive"))
+                cursor += b["size"]
+            self.assertEqual(cursor, seg["address"] + seg["total_size"])
+            act = sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+            self.assertEqual(act, seg["allocated_size"])
+            d = per_dev.setdefault(seg["device"], [0, 0])
+            d[0] += seg["allocated_size"]
+            d[1] += seg["total_size"]
+        # The segment state at the end of the trace is the allocator's.
+        self.assertEqual(per_dev[0], [final["0"]["final_allocated"], final["0"]["final_reserved"]])
+        self.assertEqual(len(snap["device_traces"]), 2)
+        actions = [e["action"] for e in snap["device_traces"][0]]
+        self.assertEqual(actions.count("alloc"), int(truth["hits"]) + int(truth["misses"]) - 1)
+        self.assertEqual(actions.count("alloc"), actions.count("free_requested") +
+                         sum(1 for s in snap["segments"] if s["device"] == 0
+                             for b in s["blocks"] if b["state"] == "active_allocated"))
+        self.assertEqual(actions.count("oom"), 1)
+        e = snap["device_traces"][0][1]
+        self.assertEqual(set(e) - {"user_metadata"},
+                         {"action", "addr", "size", "stream", "frames", "time_us"})
+        self.assertEqual(e["user_metadata"], "setup")
+        self.assertTrue(e["frames"] and {"filename", "line", "name"} <= set(e["frames"][0]))
+        self.assertEqual([e["action"] for e in snap["device_traces"][1]][-5:],
+                         ["segment_alloc", "alloc", "free_requested", "free_completed",
+                          "segment_free"])
+
+    def test_chrome(self):
+        path, truth = Sample.get()
+        out_path = os.path.join(TMP, "trace.json")
+        rc, out, err = run("export", path, "--format", "chrome", "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        with open(out_path) as f:
+            doc = json.load(f)
+        ev = doc["traceEvents"]
+        counters = [e for e in ev if e["ph"] == "C" and e["name"] == "device 0 memory"]
+        self.assertGreater(len(counters), 10)
+        self.assertEqual(max(e["args"]["allocated"] for e in counters),
+                         int(truth["dev0_peak_allocated"]))
+        self.assertEqual(max(e["args"]["reserved"] for e in counters),
+                         int(truth["dev0_peak_reserved"]))
+        self.assertEqual(sum(1 for e in ev if e["ph"] == "i" and e["name"].startswith("OOM")), 1)
+        self.assertEqual({e["name"] for e in ev if e["ph"] == "X"},
+                         {"setup", "forward", "backward", "optimizer"})
+
+    def test_plot(self):
+        path, truth = Sample.get()
+        out_path = os.path.join(TMP, "mem.png")
+        rc, out, err = run("plot", path, "-o", out_path)
+        if not have_matplotlib():
+            print("plot: matplotlib is missing for %s; checking the message instead "
+                  "(apt-get install python3-matplotlib)" % sys.executable)
+            self.assertEqual(rc, 2)
+            self.assertIn("apt-get install python3-matplotlib", err)
+            self.assertEqual(len(err.strip().splitlines()), 1)
+            return
+        self.assertEqual(rc, 0, err)
+        with open(out_path, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(os.path.getsize(out_path), 10000)
+        rc, out, err = run("plot", data("small.csv"), "-o", out_path)
+        self.assertEqual(rc, 0, err)
+
+    def test_concurrent_processes_give_separate_readable_files(self):
+        base = os.path.join(TMP, "multi.csv")
+        procs = [subprocess.Popen([TRACE_SAMPLE, base, "--no-nvtx"], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(3)]
+        files = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0)
+            files.append(dict(l.split("=", 1) for l in out.split() if "=" in l)["file"])
+        # Whoever ran alone wrote `base`; any that overlapped wrote base.PID. All are readable.
+        for f in set(files):
+            self.assertTrue(f == base or f.startswith(base + "."), f)
+            rc, out, err = run("summary", f)
+            self.assertEqual(rc, 0, err)
+
+
+def main():
+    global SCRIPT, TRACE_SAMPLE, DATA, TMP
+    if len(sys.argv) < 4:
+        sys.stderr.write(__doc__)
+        return 2
+    SCRIPT, TRACE_SAMPLE, DATA = sys.argv[1:4]
+    TMP = tempfile.mkdtemp(prefix="cudalloc-trace-reader-")
+    try:
+        prog = unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:], exit=False)
+        return 0 if prog.result.wasSuccessful() else 1
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -148,11 +148,12 @@ bool DriverBackend::dead() const {
 }
 
 void DriverBackend::mark_dead() {
+  std::vector<std::shared_ptr<Tail>> tails;  // released after the lock: ~Tail takes it
   std::lock_guard lock(mutex_);
   dead_ = true;
   free_events_.clear();  // destroyed with the context
   non_blocking_.clear();
-  tails_.clear();
+  tails.swap(tails_);
   mapped_.clear();
   deferred_frees_.clear();
 }
@@ -213,11 +214,14 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   CurrentContext current(ctx_);
   auto fence = std::make_unique<EventFence>(this);
   std::vector<CUstream> targets{CU_STREAM_LEGACY};
+  std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
   {
     std::lock_guard lock(mutex_);
     for (StreamInfo* s : non_blocking_) targets.push_back(s->handle);
-    std::erase_if(tails_, [](const std::shared_ptr<Tail>& t) { return t->query(); });
-    fence->tails = tails_;
+    for (auto& t : tails_) {
+      (t->query() ? finished : fence->tails).push_back(t);
+    }
+    tails_ = fence->tails;
   }
   for (CUstream s : targets) {
     CUevent e = take_event();

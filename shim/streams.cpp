@@ -6,7 +6,8 @@ namespace cudalloc::shim {
 
 namespace {
 // Trivially destructible, so no thread-exit destructor runs; the info is never freed.
-thread_local StreamInfo* t_per_thread = nullptr;
+// initial-exec: the library is preloaded (static TLS), and this avoids __tls_get_addr.
+__attribute__((tls_model("initial-exec"))) thread_local StreamInfo* t_per_thread = nullptr;
 }
 
 bool driver_handle(const StreamInfo* s, CUstream* out) {

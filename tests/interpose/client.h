@@ -1,0 +1,80 @@
+// A CUDA program as the runtime builds it: it looks the driver up exactly as cudart 13 does
+// (through the preloaded cudalloc, when LD_PRELOAD names it) and then calls what it got.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "fake_cuda_control.h"
+#include "runtime_lookup.h"
+
+namespace client {
+
+struct Client {
+  fakecuda::RuntimeLookup rt;
+  const fakecuda::DriverApi& api = rt.api;
+  CUcontext ctx = nullptr;
+  fakecuda_stats_fn stats = nullptr;
+  fakecuda_reset_stats_fn reset_stats = nullptr;
+  fakecuda_call_count_fn call_count = nullptr;
+  fakecuda_launch_write_fn launch_write = nullptr;
+  fakecuda_launch_sleep_fn launch_sleep = nullptr;
+  fakecuda_fail_next_fn fail_next = nullptr;
+
+  // A pointer the runtime got for `name` (flags 0 or 2), null if none.
+  template <typename F>
+  F get(const char* name, unsigned flags = 0) const {
+    const fakecuda::Lookup* l = rt.find(name, flags);
+    return l == nullptr ? nullptr : reinterpret_cast<F>(l->pfn);
+  }
+
+  fakecuda_stats_t snapshot() const {
+    fakecuda_stats_t s{};
+    stats(&s);
+    return s;
+  }
+};
+
+[[noreturn]] inline void die(const std::string& why) {
+  std::fprintf(stderr, "client: %s\n", why.c_str());
+  std::exit(2);
+}
+
+// Looks the driver up and makes device 0's primary context current.
+inline Client& client() {
+  static Client* c = [] {
+    auto* c = new Client;
+    if (!fakecuda::replay_runtime_lookups(fakecuda::default_tsv_path(), &c->rt)) die(c->rt.error);
+    if (c->api.cuInit(0) != CUDA_SUCCESS) die("cuInit");
+    CUdevice dev = 0;
+    if (c->api.cuDeviceGet(&dev, 0) != CUDA_SUCCESS) die("cuDeviceGet");
+    if (c->api.cuDevicePrimaryCtxRetain(&c->ctx, dev) != CUDA_SUCCESS) die("retain");
+    if (c->api.cuCtxSetCurrent(c->ctx) != CUDA_SUCCESS) die("set current");
+    c->stats = reinterpret_cast<fakecuda_stats_fn>(dlsym(c->rt.handle, "fakecuda_stats"));
+    c->reset_stats = reinterpret_cast<fakecuda_reset_stats_fn>(dlsym(c->rt.handle, "fakecuda_reset_stats"));
+    c->call_count = reinterpret_cast<fakecuda_call_count_fn>(dlsym(c->rt.handle, "fakecuda_call_count"));
+    c->launch_write = reinterpret_cast<fakecuda_launch_write_fn>(dlsym(c->rt.handle, "fakecuda_launch_write"));
+    c->launch_sleep = reinterpret_cast<fakecuda_launch_sleep_fn>(dlsym(c->rt.handle, "fakecuda_launch_sleep"));
+    c->fail_next = reinterpret_cast<fakecuda_fail_next_fn>(dlsym(c->rt.handle, "fakecuda_fail_next"));
+    if (!c->stats || !c->reset_stats || !c->call_count || !c->launch_write || !c->launch_sleep) die("controls");
+    return c;
+  }();
+  return *c;
+}
+
+// Whether `p` is code of libcudalloc.so (a hook) rather than of the driver.
+inline bool is_cudalloc(const void* p) {
+  Dl_info info{};
+  return p != nullptr && dladdr(p, &info) != 0 && info.dli_fname != nullptr &&
+         std::string(info.dli_fname).find("libcudalloc") != std::string::npos;
+}
+
+#define CHECK_OR_DIE(cond)                                                        \
+  do {                                                                            \
+    if (!(cond)) ::client::die(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #cond); \
+  } while (0)
+
+}  // namespace client

@@ -1,0 +1,402 @@
+// cudalloc preloaded into a program that reaches the (fake) driver the way cudart does.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "client.h"
+
+using client::Client;
+using client::is_cudalloc;
+
+namespace {
+
+using PFN_alloc = CUresult (*)(CUdeviceptr*, size_t);
+using PFN_free = CUresult (*)(CUdeviceptr);
+
+std::vector<unsigned char> read_back(Client& c, CUdeviceptr p, size_t n) {
+  std::vector<unsigned char> host(n);
+  REQUIRE(c.api.cuMemcpyDtoH_v2(host.data(), p, n) == CUDA_SUCCESS);
+  return host;
+}
+
+bool all_equal(const std::vector<unsigned char>& v, unsigned char x) {
+  for (unsigned char b : v) {
+    if (b != x) return false;
+  }
+  return true;
+}
+
+CUstream make_stream(Client& c, unsigned flags) {
+  CUstream s = nullptr;
+  REQUIRE(c.api.cuStreamCreate(&s, flags) == CUDA_SUCCESS);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the runtime's lookups get cudalloc's wrappers", "[lookup]") {
+  Client& c = client::client();
+  for (const auto& l : c.rt.lookups) {
+    INFO(l.name << " v" << l.version << " flags " << l.flags);
+    CHECK(l.result == l.expected);
+  }
+  CHECK(is_cudalloc(c.rt.dlsym_cuGetProcAddress_v2));
+  for (const char* name : {"cuGetProcAddress", "cuMemAlloc", "cuMemFree", "cuMemAllocAsync", "cuMemFreeAsync",
+                           "cuMemAllocPitch", "cuMemGetInfo", "cuMemGetAddressRange", "cuPointerGetAttribute",
+                           "cuPointerGetAttributes", "cuIpcGetMemHandle", "cuStreamCreate", "cuStreamDestroy",
+                           "cuStreamBeginCapture", "cuStreamEndCapture", "cuDevicePrimaryCtxReset",
+                           "cuDevicePrimaryCtxRelease"}) {
+    INFO(name);
+    const fakecuda::Lookup* l = c.rt.find(name, 0);
+    REQUIRE(l != nullptr);
+    CHECK(is_cudalloc(l->pfn));
+  }
+  // Per-thread-default-stream lookups get the _ptsz hooks.
+  CHECK(is_cudalloc(c.rt.find("cuMemAllocAsync", 2)->pfn));
+  CHECK(is_cudalloc(c.rt.find("cuMemFreeAsync", 2)->pfn));
+  CHECK(reinterpret_cast<void*>(c.api.cuMemAllocAsync_ptsz) != reinterpret_cast<void*>(c.api.cuMemAllocAsync));
+  // What is not wrapped is the driver's own.
+  CHECK_FALSE(is_cudalloc(reinterpret_cast<void*>(c.api.cuMemcpyHtoD_v2)));
+  CHECK_FALSE(is_cudalloc(reinterpret_cast<void*>(c.api.cuStreamIsCapturing)));
+  CHECK_FALSE(is_cudalloc(c.get<void*>("cuMemAllocManaged")));
+  CHECK_FALSE(is_cudalloc(c.get<void*>("cuMemAllocFromPoolAsync")));
+}
+
+TEST_CASE("direct dlsym and cudaGetDriverEntryPoint paths are covered", "[lookup]") {
+  Client& c = client::client();
+  // PyTorch, cuBLAS and JAX call dlsym(libcuda, "cuMemAlloc_v2") themselves.
+  CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemAlloc_v2")));
+  CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemFree_v2")));
+  CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemAllocAsync_ptsz")));
+  CHECK_FALSE(is_cudalloc(dlsym(c.rt.handle, "cuMemcpy")));
+  CHECK(dlsym(c.rt.handle, "no_such_symbol_anywhere") == nullptr);
+  // cudaGetDriverEntryPoint goes through the cuGetProcAddress the runtime holds.
+  void* pfn = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  REQUIRE(c.api.cuGetProcAddress_v2("cuMemAlloc", &pfn, 12000, 0, &status) == CUDA_SUCCESS);
+  CHECK(is_cudalloc(pfn));
+  REQUIRE(c.api.cuGetProcAddress_v2("cuGetProcAddress", &pfn, 12000, 0, &status) == CUDA_SUCCESS);
+  CHECK(is_cudalloc(pfn));
+  REQUIRE(c.api.cuGetProcAddress_v2("cuMemFreeAsync", &pfn, 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                                    &status) == CUDA_SUCCESS);
+  CHECK(pfn == dlsym(c.rt.handle, "cuMemFreeAsync_ptsz"));
+}
+
+TEST_CASE("cached allocations do not reach the driver", "[cache]") {
+  Client& c = client::client();
+  c.reset_stats();
+  for (int i = 0; i < 200; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, 1000 + i) == CUDA_SUCCESS);
+    REQUIRE(p != 0);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  }
+  const auto s = c.snapshot();
+  CHECK(s.mem_alloc <= 4);  // a few segments while the first fences complete
+  CHECK(s.mem_free == 0);
+}
+
+TEST_CASE("native answers are kept", "[semantics]") {
+  Client& c = client::client();
+  CUdeviceptr p = 0;
+  CHECK(c.api.cuMemAlloc_v2(&p, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(c.api.cuMemFree_v2(0) == CUDA_SUCCESS);
+
+  REQUIRE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+  CHECK(c.api.cuMemFree_v2(p + 512) == CUDA_ERROR_INVALID_VALUE);  // interior
+  // The cache is intact: the block is still live and can be described and freed.
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  REQUIRE(c.api.cuMemGetAddressRange_v2(&base, &size, p + 100) == CUDA_SUCCESS);
+  CHECK(base == p);
+  CHECK(size >= 4096);
+  CHECK(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  CHECK(c.api.cuMemFree_v2(p) == CUDA_ERROR_INVALID_VALUE);  // double
+  c.reset_stats();
+  CHECK(c.api.cuMemFree_v2(p) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(c.snapshot().mem_free == 0);  // never reached the driver
+
+  // A pointer cudalloc does not own goes to the driver.
+  auto* managed = c.get<CUresult (*)(CUdeviceptr*, size_t, unsigned)>("cuMemAllocManaged");
+  REQUIRE(managed != nullptr);
+  CUdeviceptr m = 0;
+  REQUIRE(managed(&m, 4096, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  c.reset_stats();
+  CHECK(c.api.cuMemFree_v2(m) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_free == 1);
+}
+
+TEST_CASE("every block is 512-byte aligned; address range and attributes describe the block", "[semantics]") {
+  Client& c = client::client();
+  std::vector<CUdeviceptr> ptrs;
+  for (size_t n : {1ul, 7ul, 511ul, 513ul, 1000ul, 4097ul, 65537ul, 1048575ul, 3000000ul}) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    CHECK(p % 512 == 0);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    REQUIRE(c.api.cuMemGetAddressRange_v2(&base, &size, p + n - 1) == CUDA_SUCCESS);
+    CHECK(base == p);
+    CHECK(size >= n);
+    CHECK(size < n + 2 * 1024 * 1024);
+    CUdeviceptr start = 0;
+    REQUIRE(c.api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + n / 2) == CUDA_SUCCESS);
+    CHECK(start == p);
+    size_t range = 0;
+    REQUIRE(c.api.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == CUDA_SUCCESS);
+    CHECK(range == size);
+    auto* attrs = c.get<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>("cuPointerGetAttributes");
+    CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    CUdeviceptr s2 = 0;
+    size_t r2 = 0;
+    void* out[2] = {&s2, &r2};
+    REQUIRE(attrs(2, which, out, p + 1) == CUDA_SUCCESS);
+    CHECK(s2 == p);
+    CHECK(r2 == size);
+    ptrs.push_back(p);
+  }
+  for (CUdeviceptr p : ptrs) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+}
+
+TEST_CASE("cuMemAllocPitch validates and rounds like the driver", "[semantics]") {
+  Client& c = client::client();
+  auto* pitch_alloc = c.get<CUresult (*)(CUdeviceptr*, size_t*, size_t, size_t, unsigned)>("cuMemAllocPitch");
+  REQUIRE(pitch_alloc != nullptr);
+  CUdeviceptr p = 0;
+  size_t pitch = 0;
+  REQUIRE(pitch_alloc(&p, &pitch, 1000, 10, 4) == CUDA_SUCCESS);
+  CHECK(pitch == 1024);
+  CHECK(p % 512 == 0);
+  CHECK(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  CHECK(pitch_alloc(&p, &pitch, 1000, 10, 3) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(pitch_alloc(&p, &pitch, 0, 10, 4) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(pitch_alloc(&p, &pitch, size_t{1} << 40, size_t{1} << 40, 4) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(pitch_alloc(&p, &pitch, ~size_t{0} - 3, 1, 4) == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("cuMemGetInfo counts idle cached bytes as free", "[semantics]") {
+  Client& c = client::client();
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, 64 << 20) == CUDA_SUCCESS);
+  size_t free_live = 0, total = 0;
+  REQUIRE(c.api.cuMemGetInfo_v2(&free_live, &total) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  size_t free_after = 0, total_after = 0;
+  REQUIRE(c.api.cuMemGetInfo_v2(&free_after, &total_after) == CUDA_SUCCESS);
+  CHECK(total_after == total);
+  CHECK(free_after >= free_live + (64 << 20));
+  CHECK(free_after <= total);
+  // The driver's own free memory plus at least the 64 MiB block cudalloc keeps cached.
+  const auto s = c.snapshot();
+  CHECK(free_after >= total - s.bytes_in_use + (64 << 20));
+}
+
+TEST_CASE("a late write on a non-blocking stream never corrupts the next owner", "[race]") {
+  Client& c = client::client();
+  const size_t n = 1 << 20;
+  CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
+  for (int round = 0; round < 5; ++round) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    // Queued now, runs 30 ms later, writes 0xAA over the whole block.
+    REQUIRE(c.launch_write(nb, p, n, 0xAA, 30000) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);  // returns at once
+    std::vector<CUdeviceptr> got;
+    for (int i = 0; i < 4; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+      REQUIRE(c.api.cuMemsetD8_v2(q, 0x55, n) == CUDA_SUCCESS);
+      got.push_back(q);
+    }
+    REQUIRE(c.api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
+    for (CUdeviceptr q : got) {
+      CHECK(all_equal(read_back(c, q, n), 0x55));
+      REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+    }
+  }
+  REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
+}
+
+TEST_CASE("a late write on a destroyed non-blocking stream never corrupts the next owner", "[race]") {
+  Client& c = client::client();
+  const size_t n = 1 << 20;
+  CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(nb, p, n, 0xAA, 30000) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  std::vector<CUdeviceptr> got;
+  for (int i = 0; i < 4; ++i) {
+    CUdeviceptr q = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemsetD8_v2(q, 0x55, n) == CUDA_SUCCESS);
+    got.push_back(q);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  for (CUdeviceptr q : got) {
+    CHECK(all_equal(read_back(c, q, n), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  }
+}
+
+TEST_CASE("a late write on the per-thread default stream never corrupts the next owner", "[race]") {
+  Client& c = client::client();
+  const size_t n = 1 << 20;
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(CU_STREAM_PER_THREAD, p, n, 0xAA, 30000) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  std::vector<CUdeviceptr> got;
+  std::thread other([&] {
+    REQUIRE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+    for (int i = 0; i < 4; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+      REQUIRE(c.api.cuMemsetD8_v2_ptds(q, 0x55, n) == CUDA_SUCCESS);  // its own per-thread stream
+      got.push_back(q);
+    }
+  });
+  other.join();
+  REQUIRE(c.api.cuStreamSynchronize_ptsz(nullptr) == CUDA_SUCCESS);
+  for (CUdeviceptr q : got) {
+    CHECK(all_equal(read_back(c, q, n), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  }
+}
+
+TEST_CASE("cudaMallocAsync / cudaFreeAsync are stream ordered", "[async]") {
+  Client& c = client::client();
+  const size_t n = 256 << 10;
+  CUstream s1 = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUstream s2 = make_stream(c, CU_STREAM_NON_BLOCKING);
+
+  SECTION("reuse on the same stream is immediate and reaches no driver") {
+    CUdeviceptr p = 0, q = 0;
+    REQUIRE(c.api.cuMemAllocAsync(&p, n, s1) == CUDA_SUCCESS);
+    REQUIRE(c.launch_sleep(s1, 20000) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFreeAsync(p, s1) == CUDA_SUCCESS);
+    c.reset_stats();
+    REQUIRE(c.api.cuMemAllocAsync(&q, n, s1) == CUDA_SUCCESS);
+    CHECK(q == p);
+    const auto s = c.snapshot();
+    CHECK(s.mem_alloc + s.mem_alloc_async == 0);
+    REQUIRE(c.api.cuMemFreeAsync(q, s1) == CUDA_SUCCESS);
+  }
+  SECTION("another stream waits for the free's point in its stream") {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAllocAsync(&p, n, s1) == CUDA_SUCCESS);
+    REQUIRE(c.launch_write(s1, p, n, 0xAA, 30000) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFreeAsync(p, s1) == CUDA_SUCCESS);
+    std::vector<CUdeviceptr> got;
+    for (int i = 0; i < 3; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(c.api.cuMemAllocAsync(&q, n, s2) == CUDA_SUCCESS);
+      REQUIRE(c.api.cuMemsetD8_v2(q, 0x55, n) == CUDA_SUCCESS);
+      got.push_back(q);
+    }
+    REQUIRE(c.api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
+    for (CUdeviceptr q : got) {
+      CHECK(all_equal(read_back(c, q, n), 0x55));
+      REQUIRE(c.api.cuMemFreeAsync(q, s2) == CUDA_SUCCESS);
+    }
+  }
+  SECTION("frees cross the two paths both ways") {
+    CUdeviceptr p = 0, q = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    CHECK(c.api.cuMemFreeAsync(p, s1) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemAllocAsync(&q, n, s2) == CUDA_SUCCESS);
+    CHECK(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+    CHECK(c.api.cuMemFree_v2(q) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(c.api.cuMemFreeAsync(p, s1) == CUDA_ERROR_INVALID_VALUE);
+  }
+  SECTION("the per-thread variants key the calling thread's stream") {
+    CUdeviceptr p = 0, q = 0;
+    REQUIRE(c.api.cuMemAllocAsync_ptsz(&p, n, nullptr) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFreeAsync_ptsz(p, nullptr) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemAllocAsync(&q, n, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+    CHECK(q == p);  // the same stream: immediate reuse
+    REQUIRE(c.api.cuMemFreeAsync(q, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+  }
+  REQUIRE(c.api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(s1) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(s2) == CUDA_SUCCESS);
+}
+
+TEST_CASE("capture: async calls become graph memory, frees are parked, the capture survives", "[capture]") {
+  Client& c = client::client();
+  CUstream s = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr mine = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&mine, 4096) == CUDA_SUCCESS);
+  c.reset_stats();
+  REQUIRE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUdeviceptr g = 0;
+  REQUIRE(c.api.cuMemAllocAsync(&g, 1 << 20, s) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_alloc_async == 1);  // passed through: a graph memory node
+  REQUIRE(c.api.cuMemFreeAsync(g, s) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_free_async == 1);
+  CHECK(c.api.cuMemFree_v2(mine) == CUDA_SUCCESS);            // parked
+  CHECK(c.api.cuMemFree_v2(mine) == CUDA_ERROR_INVALID_VALUE);  // still a double free
+  CHECK(c.api.cuMemFree_v2(mine + 512) == CUDA_ERROR_INVALID_VALUE);
+  CUgraph graph = nullptr;
+  REQUIRE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);  // not invalidated
+  CHECK(graph != nullptr);
+  const auto st = c.snapshot();
+  CHECK(st.mem_alloc == 0);
+  CHECK(st.mem_free == 0);
+  CHECK(st.ctx_sync == 0);
+  // The parked free ran when the capture ended.
+  CHECK(c.api.cuMemFree_v2(mine) == CUDA_ERROR_INVALID_VALUE);
+  auto* graph_destroy = c.get<CUresult (*)(CUgraph)>("cuGraphDestroy");
+  if (graph_destroy) graph_destroy(graph);
+  REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
+}
+
+TEST_CASE("IPC of a block that starts its segment works; of a sub-allocated block it fails", "[ipc]") {
+  Client& c = client::client();
+  CUdeviceptr big = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&big, 64 << 20) == CUDA_SUCCESS);  // its own segment
+  CUipcMemHandle h{};
+  CHECK(c.api.cuIpcGetMemHandle(&h, big) == CUDA_SUCCESS);
+  std::vector<CUdeviceptr> small;
+  bool refused = false;
+  for (int i = 0; i < 8; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+    small.push_back(p);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    REQUIRE(c.api.cuMemGetAddressRange_v2(&base, &size, p) == CUDA_SUCCESS);
+    const CUresult r = c.api.cuIpcGetMemHandle(&h, p);
+    if (r != CUDA_SUCCESS) {
+      CHECK(r == CUDA_ERROR_INVALID_VALUE);
+      refused = true;
+    }
+  }
+  CHECK(refused);  // 8 small blocks share a segment: at least 7 are inside it
+  for (CUdeviceptr p : small) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFree_v2(big) == CUDA_SUCCESS);
+}
+
+TEST_CASE("cudaDeviceReset drops the context's blocks", "[lifecycle]") {
+  Client& c = client::client();
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(c.api.cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  // cudaDeviceReset: the runtime resets the primary context, then uses it again.
+  auto* reset = c.get<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxReset");
+  REQUIRE(is_cudalloc(reinterpret_cast<void*>(reset)));
+  REQUIRE(reset(dev) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuDevicePrimaryCtxRetain(&c.ctx, dev) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+  CHECK(c.api.cuMemFree_v2(p) == CUDA_ERROR_INVALID_VALUE);  // dead, as natively
+  c.reset_stats();
+  CUdeviceptr q = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&q, 4096) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_alloc == 1);  // a fresh segment, not the dead one
+  CHECK(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+}

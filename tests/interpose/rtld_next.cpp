@@ -8,6 +8,7 @@
 
 extern "C" const char* which_lib();
 extern "C" void* next_which();
+extern "C" int a_only();
 
 int main() {
   // Where next_a and next_b are in the search order decides the right answer.
@@ -18,9 +19,9 @@ int main() {
   }
   void* a = dlsym(dlopen("libnext_a.so", RTLD_NOW | RTLD_NOLOAD), "which_lib");
   void* expected = pos_a > pos_b ? a : nullptr;
-  if (pos_a < 0 || pos_b < 0 || a == nullptr) return 3;
+  if (pos_a < 0 || pos_b < 0 || a == nullptr || a_only() != 1) return 3;
   if (next_which() != expected) {
-    std::fprintf(stderr, "dlsym(RTLD_NEXT) answered relative to the wrong object\n");
+    std::fprintf(stderr, "dlsym(RTLD_NEXT) answered relative to the wrong object: %p, expected %p (a at %d, b at %d)\n", next_which(), expected, pos_a, pos_b);
     return 1;
   }
   return 0;

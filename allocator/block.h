@@ -1,6 +1,7 @@
 // Blocks and the segments they are cut from.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -20,6 +21,22 @@ enum class BlockState : std::uint8_t {
   kCached,     // free, held in a thread's cache for reuse on its stream
 };
 
+// The hot path moves a block it owns between allocated, cached and pending without the
+// allocator's lock, while the locked path may read that state when it coalesces a neighbour.
+// Only the locked path ever sets kFree, so a relaxed atomic is enough to make that read defined.
+class BlockStateCell {
+ public:
+  BlockStateCell(BlockState s = BlockState::kFree) : v_(s) {}
+  BlockStateCell(const BlockStateCell& o) : v_(o.load()) {}
+  BlockStateCell& operator=(const BlockStateCell& o) { v_.store(o.load(), std::memory_order_relaxed); return *this; }
+  BlockStateCell& operator=(BlockState s) { v_.store(s, std::memory_order_relaxed); return *this; }
+  operator BlockState() const { return load(); }
+  BlockState load() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<BlockState> v_;
+};
+
 // A contiguous piece of a segment. Blocks of a segment form an address-ordered list.
 struct Block {
   DevicePtr ptr = 0;
@@ -29,7 +46,7 @@ struct Block {
   Segment* segment = nullptr;
   Block* prev = nullptr;
   Block* next = nullptr;
-  BlockState state = BlockState::kFree;
+  BlockStateCell state;
   bool mapped = true;                     // false: unbacked address space of an expandable segment
   int pending_fences = 0;                 // fences still to complete before reuse
   std::vector<StreamHandle> stream_uses;  // other streams the program used it on

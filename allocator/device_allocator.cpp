@@ -187,6 +187,17 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     std::erase(caches, cache);
   }
 
+  // Folds every thread's hot-path statistics into `stats`. Done before the locked path changes
+  // them, so that a peak is never taken over totals that miss another thread's frees.
+  void merge_deltas() {
+    for (auto& cache : caches) {
+      std::lock_guard lock(cache->lock);
+      merge_stats(stats, cache->delta());
+      stats.num_cache_hits += cache->hits;
+      cache->hits = 0;
+    }
+  }
+
   // Takes a cache's statistics, its deferred frees and, with `bins`, its cached blocks.
   void drain(ThreadCache& cache, bool bins) {
     std::lock_guard lock(cache.lock);
@@ -538,6 +549,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     *out = 0;
     if (bytes == 0) return Status::kInvalidValue;
     ++tick;
+    merge_deltas();
     // Past this, rounding would overflow; no device has that much memory anyway.
     constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
     const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
@@ -583,6 +595,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
 
   // `b` was taken out of the live map by the caller.
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
+    merge_deltas();
     const DevicePtr ptr = b->ptr;
     account_free(stats, b, sizes.is_oversize(b->size));
     count_allocated(-static_cast<std::int64_t>(b->size));
@@ -624,7 +637,7 @@ DeviceAllocator::~DeviceAllocator() = default;
 
 Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
-  if (m.options.thread_cache && bytes != 0 && bytes <= std::numeric_limits<std::size_t>::max() / 2) {
+  if (m.options.thread_cache && bytes != 0 && bytes <= kSmallSize) {
     // Hot path: an exact-size block from this thread's cache.
     const std::size_t rounded = m.sizes.round(bytes);
     ThreadCache& cache = m.local_cache();
@@ -659,7 +672,10 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
   // there for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  if (m.options.thread_cache && (reusable || order == FreeOrder::kDevice)) {
+  // Only small blocks are cached per thread: large ones parked there would stop their
+  // neighbours from coalescing, and fragmentation costs more than a lock at those sizes.
+  if (m.options.thread_cache && b->segment->pool == PoolKind::kSmall &&
+      (reusable || order == FreeOrder::kDevice)) {
     ThreadCache& cache = m.local_cache();
     const std::size_t size = b->size;
     const std::size_t requested = b->requested;
@@ -765,16 +781,11 @@ void DeviceAllocator::forget_all() {
 MemoryStats DeviceAllocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  for (auto& cache : m.caches) {
-    std::lock_guard cache_lock(cache->lock);
-    merge_stats(m.stats, cache->delta());
-    m.stats.num_cache_hits += cache->hits;
-    cache->hits = 0;
-  }
+  m.merge_deltas();
   MemoryStats out = m.stats;
-  // The one figure kept exact across threads.
+  // The one figure kept exact across threads, whatever the interleaving.
   out.allocated_bytes[kStatAll].current = m.allocated_now.load();
-  out.allocated_bytes[kStatAll].peak = std::max(out.allocated_bytes[kStatAll].peak, m.allocated_peak.load());
+  out.allocated_bytes[kStatAll].peak = m.allocated_peak.load();
   return out;
 }
 

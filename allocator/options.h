@@ -27,8 +27,8 @@ struct AllocatorOptions {
   double per_process_memory_fraction = 1.0;
   // Absolute cap on reserved bytes. 0 = none.
   std::size_t memory_limit_bytes = 0;
-  // Per-thread caches in front of the shared pools (thread_cache.h). Off only in tests that
-  // look at pool-level behaviour such as coalescing.
+  // Per-thread caches of small-pool blocks in front of the shared pools (thread_cache.h). Off
+  // only in tests that look at pool-level behaviour such as coalescing.
   bool thread_cache = true;
 };
 

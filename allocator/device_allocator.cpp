@@ -734,6 +734,8 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
 }
 
 bool DeviceAllocator::owns(DevicePtr ptr) const {
+  // The common case, a live block's start, needs no lock: frees ask this first.
+  if (impl_->live.get(ptr) != nullptr) return true;
   std::lock_guard lock(impl_->mutex);
   return impl_->segments.containing(ptr) != nullptr;
 }

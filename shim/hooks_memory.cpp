@@ -7,6 +7,7 @@
 #include "shim/hooks.h"
 #include "shim/log.h"
 #include "shim/runtime.h"
+#include "shim/tracing.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;
@@ -36,7 +37,11 @@ CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamH
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
-  if (ps == nullptr) return d.cuMemAlloc_v2(dptr, bytes);
+  if (ps == nullptr) {
+    const CUresult r = d.cuMemAlloc_v2(dptr, bytes);
+    trace_passthrough(EventKind::kPassthroughAlloc, r == CUDA_SUCCESS ? *dptr : 0, bytes, nullptr, false, r);
+    return r;
+  }
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;  // the driver's answers
   ContextState* s = ps->contexts.current();
   if (s == nullptr) return d.cuMemAlloc_v2(dptr, bytes);  // no context: the driver's own error
@@ -47,7 +52,12 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, 
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   auto* real = ptsz ? d.cuMemAllocAsync_ptsz : d.cuMemAllocAsync;
-  if (ps == nullptr || dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
+  if (ps == nullptr) {
+    const CUresult r = real(dptr, bytes, stream);
+    trace_passthrough(EventKind::kPassthroughAlloc, r == CUDA_SUCCESS ? *dptr : 0, bytes, stream, true, r);
+    return r;
+  }
+  if (dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
   ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : ps->contexts.current();
@@ -62,7 +72,12 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   auto* real = ptsz ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
-  if (ps == nullptr || ptr == 0) return real(ptr, stream);
+  if (ps == nullptr) {
+    const CUresult r = real(ptr, stream);
+    if (ptr != 0) trace_passthrough(EventKind::kPassthroughFree, ptr, 0, stream, true, r);
+    return r;
+  }
+  if (ptr == 0) return real(ptr, stream);
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
   bool learnt = false;
@@ -80,7 +95,11 @@ CUDALLOC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return
 CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
-  if (ps == nullptr) return d.cuMemFree_v2(ptr);
+  if (ps == nullptr) {
+    const CUresult r = d.cuMemFree_v2(ptr);
+    if (ptr != 0) trace_passthrough(EventKind::kPassthroughFree, ptr, 0, nullptr, false, r);
+    return r;
+  }
   if (ptr == 0) return CUDA_SUCCESS;  // cudaFree(NULL) reaches the driver and succeeds
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return d.cuMemFree_v2(ptr);

@@ -10,6 +10,7 @@
 
 #include "shim/log.h"
 #include "shim/passthrough.h"
+#include "shim/tracing.h"
 
 extern char** environ;
 
@@ -27,6 +28,7 @@ std::mutex g_init_mutex;
 void after_fork_in_child() {
   new (&g_init_mutex) std::mutex;
   log_reset_after_fork();
+  tracing_after_fork_child();
   const Runtime* rt = g_runtime.load(std::memory_order_relaxed);
   if (rt != nullptr && !rt->passthrough) {
     g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
@@ -49,6 +51,7 @@ const Runtime* init() {
   rt->passthrough = choose_passthrough(rt->config, sanitizer_detected(environ), &reason);
   log_info("configuration: %s", describe(rt->config).c_str());
   if (rt->passthrough) log_info("passthrough mode (%s): every call goes to the driver", reason);
+  start_tracing_and_stats(rt->config);
   if (!rt->passthrough) g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   g_runtime.store(rt, std::memory_order_release);

@@ -1,0 +1,76 @@
+#include "shim/tracing.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+#include "shim/log.h"
+#include "shim/runtime.h"
+#include "trace/trace_writer.h"
+
+namespace cudalloc::shim {
+namespace {
+
+// Never destroyed: hooks may record during exit.
+std::atomic<TraceWriter*> g_writer{nullptr};
+
+void flush_at_exit() {
+  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->flush();
+}
+
+// CUDALLOC_STATS=1: a memory_summary-style table per context at exit.
+void print_stats_at_exit() {
+  ProcessState* ps = caching_state();
+  if (ps == nullptr) {
+    std::fprintf(stderr, "cudalloc: passthrough mode, no cache statistics\n");
+    return;
+  }
+  for (ContextState* s : ps->contexts.live()) std::fputs(s->allocator.summary().c_str(), stderr);
+}
+
+}  // namespace
+
+void start_tracing_and_stats(const Config& config) {
+  if (!config.trace_path.empty()) {
+    TraceOptions options;
+    options.stack_depth = config.trace_stacks;
+    options.nvtx = config.trace_nvtx;
+    std::string error;
+    std::unique_ptr<TraceWriter> w = TraceWriter::open(config.trace_path, options, &error);
+    if (w == nullptr) {
+      log_error("cannot write the trace %s: %s", config.trace_path.c_str(), error.c_str());
+    } else {
+      log_info("tracing to %s", w->file_path().c_str());
+      w->install_fatal_signal_flush();
+      g_writer.store(w.release(), std::memory_order_release);
+      std::atexit(flush_at_exit);
+    }
+  }
+  if (config.stats_at_exit) std::atexit(print_stats_at_exit);
+}
+
+AllocatorObserver* trace_observer() { return g_writer.load(std::memory_order_acquire); }
+
+void trace_passthrough(EventKind kind, CUdeviceptr ptr, std::size_t bytes, CUstream stream, bool async,
+                       CUresult result) {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w == nullptr) return;
+  AllocatorEvent e{};
+  e.kind = kind;
+  e.async = async;
+  e.result = result == CUDA_SUCCESS ? Status::kOk
+             : result == CUDA_ERROR_OUT_OF_MEMORY ? Status::kOutOfMemory
+             : result == CUDA_ERROR_INVALID_VALUE ? Status::kInvalidValue
+                                                  : Status::kBackendError;
+  e.stream = async ? reinterpret_cast<StreamHandle>(stream) : kNoStream;
+  e.ptr = static_cast<DevicePtr>(ptr);
+  e.requested = bytes;
+  e.rounded = bytes;
+  w->on_event(e);
+}
+
+void tracing_after_fork_child() {
+  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->after_fork_child();
+}
+
+}  // namespace cudalloc::shim

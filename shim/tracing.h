@@ -1,0 +1,26 @@
+// The process's allocation trace (CUDALLOC_TRACE) and exit statistics (CUDALLOC_STATS), set up
+// with the runtime at the first intercepted CUDA call.
+#pragma once
+
+#include <cstddef>
+
+#include "allocator/events.h"
+#include "config/config.h"
+#include "shim/cuda_api.h"
+
+namespace cudalloc::shim {
+
+// Opens the trace writer if the configuration asks for one and registers the exit handler.
+void start_tracing_and_stats(const Config& config);
+
+// The observer every allocator reports to; null when not tracing.
+AllocatorObserver* trace_observer();
+
+// Records a call that went straight to the driver (passthrough mode).
+void trace_passthrough(EventKind kind, CUdeviceptr ptr, std::size_t bytes, CUstream stream, bool async,
+                       CUresult result);
+
+// The fork child writes its own trace file.
+void tracing_after_fork_child();
+
+}  // namespace cudalloc::shim

@@ -1715,7 +1715,9 @@ static CUresult event_record(CUevent h, CUstream hs, bool ptds) {
         e->rec = rec;
         return CUDA_SUCCESS;
     }
-    rec->seq = submit_locked(s, [r = rec.get()] { r->t_ms.store(now_ms()); });
+    // The queued op owns the record: the event may be recorded again or destroyed before the
+    // stream reaches it (the driver allows both), and the op must not write into freed memory.
+    rec->seq = submit_locked(s, [rec] { rec->t_ms.store(now_ms()); });
     e->rec = rec;
     return CUDA_SUCCESS;
 }

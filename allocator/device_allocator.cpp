@@ -95,9 +95,9 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   FenceQueue fences;
   LiveMap live;
   std::vector<std::shared_ptr<ThreadCache>> caches;
-  // allocated_bytes.all is kept exact (current and peak) across threads here.
+  // Allocated bytes for the observer's records, kept across threads only while an observer is
+  // attached (it costs a shared atomic per operation). Attach it before the first allocation.
   std::atomic<std::int64_t> allocated_now{0};
-  std::atomic<std::int64_t> allocated_peak{0};
   std::atomic<std::size_t> reserved_now{0};
   MemoryStats stats;
   std::optional<OomReport> last_oom;
@@ -118,12 +118,12 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   }
 
   std::size_t reserved() const { return segments.bytes(); }
-  std::size_t allocated() const { return static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed)); }
+  // Under the lock, after merge_deltas().
+  std::size_t allocated() const { return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current); }
 
   void count_allocated(std::int64_t delta) {
-    const std::int64_t now = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-    std::int64_t peak = allocated_peak.load(std::memory_order_relaxed);
-    while (now > peak && !allocated_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    if (observer.load(std::memory_order_relaxed) != nullptr) {
+      allocated_now.fetch_add(delta, std::memory_order_relaxed);
     }
   }
 
@@ -142,7 +142,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     e.ptr = ptr;
     e.requested = requested;
     e.rounded = rounded;
-    e.allocated_after = allocated();
+    e.allocated_after = static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed));
     e.reserved_after = reserved_now.load(std::memory_order_relaxed);
     o->on_event(e);
   }
@@ -198,7 +198,9 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     }
   }
 
-  // Takes a cache's statistics, its deferred frees and, with `bins`, its cached blocks.
+  // Takes a cache's statistics, its deferred frees, its spilled blocks and, with `bins` (memory
+  // is short), its cached blocks and fenced batches. Without it, a thread keeps its two newest
+  // batches to refill its bins.
   void drain(ThreadCache& cache, bool bins) {
     std::lock_guard lock(cache.lock);
     merge_stats(stats, cache.delta());
@@ -206,8 +208,33 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     cache.hits = 0;
     for (Block* b : cache.deferred()) fences.defer_to_epoch(b);
     cache.deferred().clear();
+    cache.deferred_bytes() = 0;
+    for (Block* b : cache.spill()) make_reusable(b);
+    cache.spill().clear();
+    auto& batches = cache.batches();
+    while (batches.size() > (bins ? 0 : 2)) {
+      fences.add_batch(std::move(batches.front().fence), std::move(batches.front().blocks));
+      batches.pop_front();
+    }
     if (bins) cache.drain_bins([this](Block* b) { make_reusable(b); });
   }
+  // Moves the blocks of this thread's oldest fenced batch into its bins once the fence is
+  // done (blocks with no room in the bins are spilled to the allocator). Called by the owner
+  // with the cache locked, when its bins miss.
+  bool refill(ThreadCache& cache) {
+    auto& batches = cache.batches();
+    if (batches.empty() || !batches.front().fence->done()) return false;
+    for (Block* b : batches.front().blocks) {
+      account_inactive(cache.delta(), b);
+      if (!cache.push(b, sizes.round(b->requested))) {
+        b->state = BlockState::kPending;
+        cache.spill().push_back(b);
+      }
+    }
+    batches.pop_front();
+    return true;
+  }
+
   void drain_all(bool bins) {
     for (auto& cache : caches) drain(*cache, bins);
   }
@@ -282,6 +309,15 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   }
   std::size_t wait_pending() {
     return fences.wait_all(backend, [this](Block* b) { release_block(b); });
+  }
+
+  // Whether `bytes` more can be reserved without passing the limit or the collection threshold.
+  bool room_for(std::size_t bytes) const {
+    std::size_t cap = limit();
+    if (options.garbage_collection_threshold > 0.0) {
+      cap = static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(cap));
+    }
+    return bytes <= cap && reserved() <= cap - bytes;
   }
 
   Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
@@ -562,7 +598,9 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
       drain_all(true);
       b = find_free(stream, rounded, kind);
       if (b == nullptr && collect_ready() > 0) b = find_free(stream, rounded, kind);
-      if (b == nullptr && fences.epoch_open()) {
+      // The epoch is fenced once it is worth a fence, or when new memory would be short.
+      if (b == nullptr && fences.epoch_open() &&
+          (fences.epoch_bytes() >= options.free_epoch_bytes || !room_for(SizeClasses::segment_size(rounded)))) {
         fences.close_epoch(backend);
         if (collect_ready() > 0) b = find_free(stream, rounded, kind);
       }
@@ -642,15 +680,22 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
     const std::size_t rounded = m.sizes.round(bytes);
     ThreadCache& cache = m.local_cache();
     Block* b = nullptr;
+    bool spilled = false;
     {
       std::lock_guard lock(cache.lock);
       b = cache.pop(stream, rounded);
+      if (b == nullptr && m.refill(cache)) b = cache.pop(stream, rounded);
       if (b != nullptr) {
         b->state = BlockState::kAllocated;
         b->requested = bytes;
         account_alloc(cache.delta(), b, m.sizes.is_oversize(b->size));
         ++cache.hits;
       }
+      spilled = !cache.spill().empty();
+    }
+    if (spilled) {
+      std::lock_guard lock(m.mutex);
+      m.drain(cache, false);
     }
     if (b != nullptr) {
       m.count_allocated(static_cast<std::int64_t>(b->size));
@@ -692,8 +737,12 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
         b->state = BlockState::kPending;
         b->stream_uses.clear();
         cache.deferred().push_back(b);
+        cache.deferred_bytes() += b->size;
         cached = true;
-        hand_over = cache.deferred().size() >= ThreadCache::kMaxDeferred;
+        // A full batch goes behind one device fence now, so it is likely done by the time the
+        // bins run dry; too many outstanding batches go to the allocator instead.
+        if (cache.batch_due()) cache.close_batch(m.backend.record_device_fence());
+        hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
       }
     }
     m.count_allocated(-static_cast<std::int64_t>(size));
@@ -758,6 +807,9 @@ void DeviceAllocator::forget_all() {
     std::lock_guard cache_lock(cache->lock);
     cache->drain_bins([](Block*) {});
     cache->deferred().clear();
+    cache->deferred_bytes() = 0;
+    cache->batches().clear();
+    cache->spill().clear();
     cache->delta() = MemoryStats{};
     cache->hits = 0;
   }
@@ -784,17 +836,13 @@ MemoryStats DeviceAllocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
   m.merge_deltas();
-  MemoryStats out = m.stats;
-  // The one figure kept exact across threads, whatever the interleaving.
-  out.allocated_bytes[kStatAll].current = m.allocated_now.load();
-  out.allocated_bytes[kStatAll].peak = m.allocated_peak.load();
-  return out;
+  return m.stats;
 }
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(impl_->mutex);
+  impl_->merge_deltas();
   impl_->stats.reset_peaks();
-  impl_->allocated_peak.store(impl_->allocated_now.load());
 }
 
 std::string DeviceAllocator::summary() const {
@@ -809,6 +857,7 @@ std::optional<OomReport> DeviceAllocator::last_oom() const {
 
 std::size_t DeviceAllocator::cached_bytes() const {
   std::lock_guard lock(impl_->mutex);
+  impl_->merge_deltas();
   return impl_->reserved() - impl_->allocated();
 }
 

@@ -27,6 +27,10 @@ struct AllocatorOptions {
   double per_process_memory_fraction = 1.0;
   // Absolute cap on reserved bytes. 0 = none.
   std::size_t memory_limit_bytes = 0;
+  // cudaFree'd memory is put behind one device fence per epoch. On a miss the epoch is closed
+  // only once it holds this many bytes (or memory is short): until then new memory is cut, so
+  // the fence's cost is shared by many frees. 0 closes it at every miss.
+  std::size_t free_epoch_bytes = 64 * kMiB;
   // Per-thread caches of small-pool blocks in front of the shared pools (thread_cache.h). Off
   // only in tests that look at pool-level behaviour such as coalescing.
   bool thread_cache = true;

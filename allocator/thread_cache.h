@@ -1,16 +1,20 @@
 // A thread's private stock of free blocks, so that a cached allocate and free touch no shared
 // lock. Bins hold blocks reusable at once on their stream, keyed by (stream, rounded request
 // size): a block may be larger than the request it served, and serves the same request again.
-// Blocks freed with cudaFree wait in `deferred` until the device allocator puts them behind a
-// device fence. The owner thread takes `lock` uncontended; the device allocator takes it to
-// drain the cache under pressure and to read the statistics deltas.
+// Blocks freed with cudaFree wait in `deferred`; the owner puts them behind one device fence
+// per batch, and once it completes they refill the bins. The owner thread takes `lock`
+// uncontended; the device allocator takes it to drain the cache under pressure and to read
+// the statistics deltas.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <vector>
 
+#include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/memory_stats.h"
 #include "allocator/spin_lock.h"
@@ -21,8 +25,17 @@ class ThreadCache {
  public:
   static constexpr std::size_t kBins = 32;
   static constexpr std::size_t kDepth = 8;
+  // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
+  // device fence (an event per stream) is shared.
+  static constexpr std::size_t kBatchBlocks = 32;
+  static constexpr std::size_t kBatchBytes = 16 * kMiB;
   // Past this many deferred frees the owner hands them to the device allocator.
   static constexpr std::size_t kMaxDeferred = 256;
+
+  struct Batch {
+    std::unique_ptr<Fence> fence;
+    std::vector<Block*> blocks;
+  };
 
   Block* pop(StreamHandle stream, std::size_t size) {
     Bin& bin = bins_[index(stream, size)];
@@ -51,6 +64,17 @@ class ThreadCache {
   }
 
   std::vector<Block*>& deferred() { return deferred_; }
+  std::size_t& deferred_bytes() { return deferred_bytes_; }
+  bool batch_due() const { return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes; }
+  // Puts the deferred frees behind `fence` as one batch.
+  void close_batch(std::unique_ptr<Fence> fence) {
+    batches_.push_back(Batch{std::move(fence), std::move(deferred_)});
+    deferred_.clear();
+    deferred_bytes_ = 0;
+  }
+  std::deque<Batch>& batches() { return batches_; }
+  // Blocks that became reusable but found no room in the bins: the allocator takes them.
+  std::vector<Block*>& spill() { return spill_; }
 
   // Statistics changes made on the hot path, folded into the allocator's under its lock.
   MemoryStats& delta() { return delta_; }
@@ -71,6 +95,9 @@ class ThreadCache {
 
   std::array<Bin, kBins> bins_;
   std::vector<Block*> deferred_;
+  std::size_t deferred_bytes_ = 0;
+  std::deque<Batch> batches_;
+  std::vector<Block*> spill_;
   MemoryStats delta_;
 };
 

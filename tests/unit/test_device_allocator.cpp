@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
+#include "allocator/thread_cache.h"
 
 using namespace cudalloc;
 
@@ -117,8 +119,15 @@ TEST_CASE("record_stream makes a free wait for the extra stream") {
   CHECK(f.alloc.record_stream(0xdead, kStreamB) == Status::kInvalidValue);
 }
 
+// With free_epoch_bytes 0 the epoch is fenced at every miss: the rules show one free at a time.
+AllocatorOptions fence_every_miss() {
+  AllocatorOptions o;
+  o.free_epoch_bytes = 0;
+  return o;
+}
+
 TEST_CASE("a cudaFree'd block waits for work queued on every stream") {
-  Fixture f;
+  Fixture f(fence_every_miss());
   DevicePtr a = f.get(kWhole);
   f.sim.enqueue(kStreamA);  // some stream still has queued work at the free
   REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);
@@ -132,7 +141,9 @@ TEST_CASE("a cudaFree'd block waits for work queued on every stream") {
 }
 
 TEST_CASE("frees of one epoch share a single device fence") {
-  Fixture f;
+  AllocatorOptions o = fence_every_miss();
+  o.thread_cache = false;  // the allocator's epoch, not a thread's batches
+  Fixture f(o);
   std::vector<DevicePtr> ptrs;
   // 1 MiB blocks fill their 2 MiB segments exactly, two each.
   for (int i = 0; i < 100; ++i) ptrs.push_back(f.get(kMiB));
@@ -142,6 +153,58 @@ TEST_CASE("frees of one epoch share a single device fence") {
   CHECK(f.sim.segment_calls() == 50);
   CHECK(f.sim.device_fences() == 1);
   CHECK(reused == std::set<DevicePtr>(ptrs.begin(), ptrs.end()));
+}
+
+TEST_CASE("the epoch is fenced only once it holds free_epoch_bytes, or memory is short") {
+  AllocatorOptions o;
+  o.free_epoch_bytes = 3 * kWhole;
+  o.memory_limit_bytes = 6 * kWhole;
+  Fixture f(o);
+  std::vector<DevicePtr> first;
+  for (int i = 0; i < 3; ++i) {
+    DevicePtr p = f.get(kWhole);
+    first.push_back(p);
+    f.alloc.free(p, FreeOrder::kDevice);
+  }
+  // Three frees below the budget: each miss cut new memory rather than fence.
+  CHECK(f.sim.device_fences() == 0);
+  CHECK(f.sim.segment_calls() == 3);
+  // Now the epoch holds the budget: the next miss fences it and reuses its blocks.
+  DevicePtr again = f.get(kWhole);
+  CHECK(f.sim.device_fences() == 1);
+  CHECK(f.sim.segment_calls() == 3);
+  CHECK(std::find(first.begin(), first.end(), again) != first.end());
+  // Close to the limit the epoch is fenced whatever its size.
+  AllocatorOptions tight = o;
+  tight.memory_limit_bytes = kWhole;
+  Fixture g(tight);
+  DevicePtr p = g.get(kWhole);
+  g.alloc.free(p, FreeOrder::kDevice);
+  CHECK(g.get(kWhole) == p);
+  CHECK(g.sim.device_fences() == 1);
+}
+
+TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses them without the lock") {
+  Fixture f;
+  std::vector<DevicePtr> ptrs;
+  for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(4096));
+  f.sim.enqueue(kStreamA);  // device work queued before the frees
+  for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
+  CHECK(f.sim.device_fences() == 1);  // one fence for the whole batch
+  // While the fence is pending, the batch is not reused.
+  const auto hits_before = f.stat("num_cache_hits");
+  DevicePtr fresh = f.get(4096);
+  CHECK(std::find(ptrs.begin(), ptrs.end(), fresh) == ptrs.end());
+  f.alloc.free(fresh, FreeOrder::kCompleted);
+  f.sim.run(kStreamA);
+  std::set<DevicePtr> reused;
+  for (std::size_t i = 0; i < ThreadCache::kDepth; ++i) reused.insert(f.get(4096));
+  CHECK(f.stat("num_cache_hits") - hits_before >= static_cast<std::int64_t>(ThreadCache::kDepth));
+  for (DevicePtr p : reused) {
+    INFO(p);
+    CHECK((std::find(ptrs.begin(), ptrs.end(), p) != ptrs.end() || p == fresh));
+  }
+  CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(ThreadCache::kDepth * 4096));
 }
 
 TEST_CASE("freed neighbours coalesce into one block") {

@@ -45,11 +45,15 @@ std::size_t SizeClasses::segment_size(std::size_t rounded) {
 
 bool SizeClasses::should_split(std::size_t block_size, std::size_t rounded, PoolKind pool) const {
   const std::size_t remaining = block_size - rounded;
-  if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
+  // A remainder in a segment that grows in place is never stranded: keep any 512 bytes.
+  if (pool == PoolKind::kSmall || options_.expandable_segments) return remaining >= kMinBlockSize;
   return rounded < options_.max_split_size && remaining > kSmallSize;
 }
 
 bool SizeClasses::may_serve(std::size_t block_size, std::size_t rounded) const {
+  // Growing segments have no oversize blocks to protect: a free range at the growth point is
+  // the place for any request. (With these rules it was never used, and growth never ended.)
+  if (options_.expandable_segments) return true;
   // A request below the split limit never takes an unsplittable oversize block...
   if (rounded < options_.max_split_size && block_size >= options_.max_split_size) return false;
   // ...and an oversize request wastes at most one large buffer of it.

@@ -29,8 +29,10 @@ class SizeClasses {
   // Size of a new segment cut for a rounded request.
   static std::size_t segment_size(std::size_t rounded);
   // Whether a free block of `block_size` serving `rounded` leaves a remainder worth keeping.
+  // With expandable segments any 512-byte remainder is (PyTorch's rule there too).
   bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool) const;
-  // Whether a free block may serve the request at all under max_split_size.
+  // Whether a free block may serve the request at all under max_split_size (always, with
+  // expandable segments).
   bool may_serve(std::size_t block_size, std::size_t rounded) const;
   bool is_oversize(std::size_t block_size) const { return block_size >= options_.max_split_size; }
 

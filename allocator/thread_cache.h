@@ -24,7 +24,7 @@ namespace cudalloc {
 class ThreadCache {
  public:
   static constexpr std::size_t kBins = 32;
-  static constexpr std::size_t kDepth = 8;
+  static constexpr std::size_t kDepth = 32;  // a whole batch of one size fits
   // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
   // device fence (an event per stream) is shared.
   static constexpr std::size_t kBatchBlocks = 32;

@@ -143,3 +143,25 @@ TEST_CASE("expandable segments waste less than plain ones on a shape-varying pat
   CHECK(grown > plain);
   CHECK(grown > 0.9);
 }
+
+TEST_CASE("with expandable segments any 512-byte remainder is split off") {
+  Fixture f;
+  DevicePtr a = f.get(5 * kMiB + 512);  // 6 MiB mapped; the rest stays free
+  DevicePtr b = f.get(kMiB + 512);      // the 1 MiB - 512 B remainder is too small: grows behind it
+  CHECK(f.alloc->find(a)->size == 5 * kMiB + 512);
+  CHECK(b == a + 5 * kMiB + 512);
+}
+
+TEST_CASE("max_split_size_mb does not stop an expandable segment from serving requests") {
+  // Regression: with max_split_size the merged free range at the growth point counted as an
+  // oversize block, no request could use it, and the segment grew until the device was full.
+  Fixture f;
+  f.options.max_split_size = 64 * kMiB;
+  f.alloc = std::make_unique<DeviceAllocator>(f.sim, f.options);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<DevicePtr> live;
+    for (int i = 0; i < 8; ++i) live.push_back(f.get((3 + i) * kMiB));
+    for (DevicePtr p : live) f.alloc->free(p, FreeOrder::kCompleted);
+  }
+  CHECK(f.stat("reserved_bytes.all.peak") <= static_cast<std::int64_t>(64 * kMiB));
+}

@@ -15,7 +15,7 @@ namespace {
 std::atomic<TraceWriter*> g_writer{nullptr};
 
 void flush_at_exit() {
-  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->flush();
+  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->finish();
 }
 
 // CUDALLOC_STATS=1: a memory_summary-style table per context at exit.

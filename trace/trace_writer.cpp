@@ -586,21 +586,26 @@ TraceWriter::~TraceWriter() {
     return;
   }
   stop_thread();
-  if (fd_ >= 0 && lock_consumer(false)) {
-    drain_locked(false);
-    flush_buffer();
-    if (options_.stack_depth > 0) write_maps();
-    char end[128];
-    Out o{end};
-    o.str("# end records=");
-    o.u64(written_total_.load());
-    o.str(" dropped=");
-    o.u64(dropped_total_.load());
-    o.ch('\n');
-    write_out(end, static_cast<std::size_t>(o.p - end));
-    unlock_consumer();
-  }
+  finish();
   if (fd_ >= 0) ::close(fd_);
+}
+
+void TraceWriter::finish() noexcept {
+  if (fd_ < 0 || static_cast<int>(::getpid()) != pid_) return;
+  if (finished_.exchange(true)) return;
+  if (!lock_consumer(false)) return;
+  drain_locked(false);
+  flush_buffer();
+  if (options_.stack_depth > 0) write_maps();
+  char end[128];
+  Out o{end};
+  o.str("# end records=");
+  o.u64(written_total_.load());
+  o.str(" dropped=");
+  o.u64(dropped_total_.load());
+  o.ch('\n');
+  write_out(end, static_cast<std::size_t>(o.p - end));
+  unlock_consumer();
 }
 
 void TraceWriter::after_fork_child() noexcept {
@@ -613,6 +618,7 @@ void TraceWriter::after_fork_child() noexcept {
   dropped_total_.store(0);
   written_total_.store(0);
   impl_->reset_ring();
+  finished_.store(false);
   if (fd_ >= 0) ::close(fd_);  // the parent's file (its lock stays with the parent)
   fd_ = -1;
   pid_ = static_cast<int>(::getpid());

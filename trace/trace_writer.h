@@ -56,6 +56,9 @@ class TraceWriter final : public AllocatorObserver {
 
   // Drains the ring and writes everything to the file (atexit; blocks a few ms at most).
   void flush() noexcept;
+  // Flushes and writes the closing `# end` line, once: for an exit handler, since a writer
+  // living in a preloaded library is never destroyed. Later records still go to the file.
+  void finish() noexcept;
 
   // Installs handlers for SIGSEGV, SIGABRT, SIGBUS, SIGTERM and SIGINT that write what they can
   // of this writer's queued records (async-signal-safe: no malloc, no lock that can block
@@ -114,6 +117,7 @@ class TraceWriter final : public AllocatorObserver {
   std::atomic<std::uint32_t> writer_sleeping_{0};
   std::atomic<std::uint64_t> dropped_pending_{0};
   std::atomic<std::uint64_t> dropped_total_{0};
+  std::atomic<bool> finished_{false};
   std::atomic<std::uint64_t> written_total_{0};
 };
 

@@ -4,12 +4,13 @@
   check_process.py needed LIB          NEEDED entries only among libc/libm/libdl/libpthread/libstdc++/libgcc_s (+ ld-linux)
   check_process.py bad_config EXE      a malformed CUDALLOC_CONF: exit status 1 and one line on stderr
   check_process.py bad_config_no_cuda EXE   ... but a process that never touches CUDA is unchanged
+  check_process.py traced EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: a closed trace with the
+                                       program's allocations, and the summary table at exit
+  check_process.py traced_passthrough EXE [ARGS]   the same with CUDALLOC_NO_CACHING=1
 """
-import os, re, subprocess, sys
+import os, re, subprocess, sys, tempfile
 
-# ld-linux is the program interpreter, in every dynamically linked process already; a
-# thread_local in code compiled with the global-dynamic TLS model makes it NEEDED.
-ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'libstdc++.so', 'libgcc_s.so', 'ld-linux')
+ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'libstdc++.so', 'libgcc_s.so')
 BAD_CONF = 'max_split_size_mb:banana'
 
 
@@ -36,8 +37,38 @@ def bad_config(exe, touches_cuda=True):
     return 0
 
 
+def traced(argv, passthrough=False):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, 'run.trace')
+        env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1')
+        if passthrough:
+            env['CUDALLOC_NO_CACHING'] = '1'
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        print('rc', p.returncode)
+        if p.returncode != 0:
+            print(p.stdout, p.stderr)
+            return 1
+        lines = open(path).read().splitlines()
+        events = [l.split(',')[4] for l in lines[2:] if l and not l.startswith('#')]
+        want = 'passthrough_alloc' if passthrough else 'alloc'
+        checks = {
+            'header': lines[:1] == ['#cudalloc-trace v1'],
+            'columns': len(lines) > 1 and lines[1].startswith('ts_ns,pid,tid,device,event'),
+            want + ' records': events.count(want) > 0,
+            'free records': sum(e.endswith('free') for e in events) > 0,
+            'closed': any(l.startswith('# end records=') for l in lines),
+            'summary at exit': passthrough or 'cudalloc memory summary' in p.stderr,
+        }
+        print(checks, 'events:', {e: events.count(e) for e in set(events)})
+        return 0 if all(checks.values()) else 1
+
+
 if __name__ == '__main__':
     mode, arg = sys.argv[1], sys.argv[2]
+    if mode == 'traced':
+        sys.exit(traced(sys.argv[2:]))
+    if mode == 'traced_passthrough':
+        sys.exit(traced(sys.argv[2:], passthrough=True))
     if mode == 'needed':
         sys.exit(needed(arg))
     if mode == 'bad_config':

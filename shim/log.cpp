@@ -1,12 +1,19 @@
 #include "shim/log.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <spdlog/logger.h>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -32,14 +39,67 @@ spdlog::level::level_enum to_spdlog(LogLevel l) {
   return spdlog::level::warn;
 }
 
+// Appends to a file descriptor this library opened itself (see open_log_file).
+class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FdSink(int fd) : fd_(fd) {}
+  ~FdSink() override { ::close(fd_); }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t buf;
+    formatter_->format(msg, buf);
+    const char* p = buf.data();
+    std::size_t left = buf.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  void flush_() override {}
+
+ private:
+  int fd_;
+};
+
+// CUDALLOC_LOG_FILE is opened as the trace is (trace/trace_writer.cpp): never in
+// secure-execution mode, never through a symlink (O_NOFOLLOW), created 0640 (never
+// world-writable), close-on-exec, and O_NONBLOCK while opening so that a FIFO without a reader
+// cannot hang the program. Returns -1 with the reason in `why`.
+int open_log_file(const std::string& file, std::string* why) {
+  if (::getauxval(AT_SECURE) != 0) {
+    *why = "log files are not written in secure-execution (setuid/setgid) processes";
+    return -1;
+  }
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
+  if (fd < 0) {
+    *why = errno == ELOOP ? "it is a symbolic link" : std::strerror(errno);
+    return -1;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 spdlog::logger* make_logger(const std::string& file) {
   spdlog::sink_ptr sink;
   if (!file.empty()) {
-    try {
-      sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, false);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "cudalloc: cannot open CUDALLOC_LOG_FILE %s: %s; logging to stderr\n",
-                   file.c_str(), e.what());
+    std::string why;
+    const int fd = open_log_file(file, &why);
+    if (fd >= 0) {
+      try {
+        sink = std::make_shared<FdSink>(fd);
+      } catch (const std::exception& e) {
+        ::close(fd);
+        why = e.what();
+      }
+    }
+    if (!sink) {
+      std::fprintf(stderr, "cudalloc: cannot open CUDALLOC_LOG_FILE %s: %s; logging to stderr\n", file.c_str(),
+                   why.c_str());
     }
   }
   if (!sink) sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();

@@ -815,9 +815,9 @@ void DeviceAllocator::forget_all() {
   }
   m.fences.clear();
   m.live.clear();
-  m.small_pool = BlockPool{};
-  m.large_pool = BlockPool{};
-  m.unmapped_pool = BlockPool{};
+  m.small_pool.clear();
+  m.large_pool.clear();
+  m.unmapped_pool.clear();
   m.expandable.clear();
   m.segments.clear();
   m.reserved_now.store(0);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "allocator/block_pool.h"
+#include "allocator/fence_clock.h"
 #include "allocator/live_map.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
@@ -93,6 +94,7 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   std::map<std::pair<StreamHandle, PoolKind>, Segment*> expandable;
   SegmentTable segments;
   FenceQueue fences;
+  FenceClock batch_fences;  // the device fences of the thread caches' batches
   LiveMap live;
   std::vector<std::shared_ptr<ThreadCache>> caches;
   // Allocated bytes for the observer's records, kept across threads only while an observer is
@@ -211,19 +213,21 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
     cache.deferred_bytes() = 0;
     for (Block* b : cache.spill()) make_reusable(b);
     cache.spill().clear();
+    // A batch handed over joins the open epoch: the fence that closes it comes later than
+    // the batch's frees, which is all a batch needs.
     auto& batches = cache.batches();
     while (batches.size() > (bins ? 0 : 2)) {
-      fences.add_batch(std::move(batches.front().fence), std::move(batches.front().blocks));
+      for (Block* b : batches.front().blocks) fences.defer_to_epoch(b);
       batches.pop_front();
     }
     if (bins) cache.drain_bins([this](Block* b) { make_reusable(b); });
   }
-  // Moves the blocks of this thread's oldest fenced batch into its bins once the fence is
-  // done (blocks with no room in the bins are spilled to the allocator). Called by the owner
-  // with the cache locked, when its bins miss.
+  // Moves the blocks of this thread's oldest batch into its bins once a device fence recorded
+  // after it is done (blocks with no room in the bins are spilled to the allocator). Called by
+  // the owner with the cache locked, when its bins miss.
   bool refill(ThreadCache& cache) {
     auto& batches = cache.batches();
-    if (batches.empty() || !batches.front().fence->done()) return false;
+    if (batches.empty() || !batch_fences.passed(batches.front().ticket, backend)) return false;
     for (Block* b : batches.front().blocks) {
       account_inactive(cache.delta(), b);
       if (!cache.push(b, sizes.round(b->requested))) {
@@ -741,7 +745,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
         cached = true;
         // A full batch goes behind one device fence now, so it is likely done by the time the
         // bins run dry; too many outstanding batches go to the allocator instead.
-        if (cache.batch_due()) cache.close_batch(m.backend.record_device_fence());
+        if (cache.batch_due()) cache.close_batch(m.batch_fences.stamp());
         hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
       }
     }
@@ -814,6 +818,7 @@ void DeviceAllocator::forget_all() {
     cache->hits = 0;
   }
   m.fences.clear();
+  m.batch_fences.clear();
   m.live.clear();
   m.small_pool.clear();
   m.large_pool.clear();

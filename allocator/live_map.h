@@ -84,7 +84,10 @@ class LiveMap {
     std::uint64_t x = (ptr >> 9) * 0x9E3779B97F4A7C15ull;  // blocks are 512-byte aligned
     return x ^ (x >> 29);
   }
-  Shard& shard(DevicePtr ptr) { return shards_[mix(ptr) >> 58]; }
+  // The shard follows the 2 MiB region: a thread's blocks come from its stream's segments, so
+  // its operations stay on a few shards instead of bouncing every shard's cache line between
+  // cores. Slots within a shard hash the whole address.
+  Shard& shard(DevicePtr ptr) { return shards_[((ptr >> 21) * 0x9E3779B97F4A7C15ull) >> 58]; }
   static std::size_t slot(const Shard& s, DevicePtr ptr) { return mix(ptr) & (s.capacity - 1); }
 
   static std::size_t find(const Shard& s, DevicePtr ptr) {

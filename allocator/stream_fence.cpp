@@ -14,11 +14,6 @@ void FenceQueue::add(std::unique_ptr<Fence> fence, Block* block) {
   entries_.push_back(Entry{std::move(fence), {block}});
 }
 
-void FenceQueue::add_batch(std::unique_ptr<Fence> fence, std::vector<Block*> blocks) {
-  for (Block* b : blocks) track(b);
-  entries_.push_back(Entry{std::move(fence), std::move(blocks)});
-}
-
 void FenceQueue::defer_to_epoch(Block* block) {
   track(block);
   epoch_.push_back(block);

@@ -20,8 +20,6 @@ class FenceQueue {
  public:
   // `block` waits on `fence` (in addition to any other fence it already waits on).
   void add(std::unique_ptr<Fence> fence, Block* block);
-  // Every block of `blocks` waits on `fence` (a thread cache's batch).
-  void add_batch(std::unique_ptr<Fence> fence, std::vector<Block*> blocks);
   // `block` joins the open epoch; it waits for the device fence that closes it.
   void defer_to_epoch(Block* block);
   bool epoch_open() const { return !epoch_.empty(); }

@@ -14,7 +14,6 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/memory_stats.h"
 #include "allocator/spin_lock.h"
@@ -33,7 +32,7 @@ class ThreadCache {
   static constexpr std::size_t kMaxDeferred = 256;
 
   struct Batch {
-    std::unique_ptr<Fence> fence;
+    std::uint64_t ticket;  // see fence_clock.h
     std::vector<Block*> blocks;
   };
 
@@ -66,9 +65,9 @@ class ThreadCache {
   std::vector<Block*>& deferred() { return deferred_; }
   std::size_t& deferred_bytes() { return deferred_bytes_; }
   bool batch_due() const { return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes; }
-  // Puts the deferred frees behind `fence` as one batch.
-  void close_batch(std::unique_ptr<Fence> fence) {
-    batches_.push_back(Batch{std::move(fence), std::move(deferred_)});
+  // Closes the deferred frees as one batch, stamped with `ticket`.
+  void close_batch(std::uint64_t ticket) {
+    batches_.push_back(Batch{ticket, std::move(deferred_)});
     deferred_.clear();
     deferred_bytes_ = 0;
   }

@@ -40,10 +40,10 @@ int main(int argc, char** argv) {
   DeviceAllocator a(sim, AllocatorOptions{});
   struct Case { const char* name; std::size_t size; FreeOrder order; bool stream; };
   const Case cases[] = {
-      {"cudaFree 64KiB", 64 << 10, FreeOrder::kDevice, false},
-      {"cudaFreeAsync 64KiB", 64 << 10, FreeOrder::kStream, true},
-      {"cudaFree 16MiB", 16 << 20, FreeOrder::kDevice, false},
-      {"cudaFreeAsync 16MiB", 16 << 20, FreeOrder::kStream, true},
+      {"cudaFree_64KiB", 64 << 10, FreeOrder::kDevice, false},
+      {"cudaFreeAsync_64KiB", 64 << 10, FreeOrder::kStream, true},
+      {"cudaFree_16MiB", 16 << 20, FreeOrder::kDevice, false},
+      {"cudaFreeAsync_16MiB", 16 << 20, FreeOrder::kStream, true},
   };
   for (const Case& c : cases) {
     std::vector<double> ns(threads);
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     }
     for (auto& t : ts) t.join();
     const double worst = *std::max_element(ns.begin(), ns.end());
-    std::printf("core %-22s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, threads, worst,
+    std::printf("core name=%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, threads, worst,
                 threads * 1e9 / worst);
   }
   return 0;

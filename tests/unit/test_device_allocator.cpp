@@ -190,10 +190,12 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
   for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(4096));
   f.sim.enqueue(kStreamA);  // device work queued before the frees
   for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
-  CHECK(f.sim.device_fences() == 1);  // one fence for the whole batch
-  // While the fence is pending, the batch is not reused.
+  CHECK(f.sim.device_fences() == 0);  // recorded when first needed
+  // The next miss records one fence for the whole batch; while it is pending, the batch is
+  // not reused.
   const auto hits_before = f.stat("num_cache_hits");
   DevicePtr fresh = f.get(4096);
+  CHECK(f.sim.device_fences() == 1);
   CHECK(std::find(ptrs.begin(), ptrs.end(), fresh) == ptrs.end());
   f.alloc.free(fresh, FreeOrder::kCompleted);
   f.sim.run(kStreamA);
@@ -205,6 +207,35 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
     CHECK((std::find(ptrs.begin(), ptrs.end(), p) != ptrs.end() || p == fresh));
   }
   CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(ThreadCache::kDepth * 4096));
+}
+
+TEST_CASE("threads share the device fences of their batches") {
+  Fixture f;
+  constexpr int kThreads = 4;
+  std::vector<std::vector<DevicePtr>> mine(kThreads);
+  // Each thread closes a batch of cudaFree'd blocks; none records a fence yet.
+  std::vector<std::thread> ts;
+  std::atomic<int> closed{0};
+  std::atomic<bool> go{false};
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<DevicePtr> ptrs;
+      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(8192));
+      for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
+      closed++;
+      while (!go) std::this_thread::yield();
+      // The first thread to miss records one fence covering every batch closed so far.
+      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) mine[t].push_back(f.get(8192));
+    });
+  }
+  while (closed < kThreads) std::this_thread::yield();
+  CHECK(f.sim.device_fences() == 0);
+  go = true;
+  for (auto& th : ts) th.join();
+  CHECK(f.sim.device_fences() == 1);
+  std::set<DevicePtr> all;
+  for (auto& v : mine) all.insert(v.begin(), v.end());
+  CHECK(all.size() == kThreads * ThreadCache::kBatchBlocks);  // no block handed out twice
 }
 
 TEST_CASE("freed neighbours coalesce into one block") {

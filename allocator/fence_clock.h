@@ -1,0 +1,69 @@
+// Device fences shared by every thread's batches of cudaFree'd blocks.
+//
+// A batch is stamped with a ticket when it is closed. A device fence recorded afterwards covers
+// every batch closed before it, whichever thread closed it, so threads need not each record
+// their own: the first one that needs a fence records one for all tickets issued so far, and
+// the others find it. That keeps event records (which the driver serializes) few under many
+// threads.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "allocator/backend.h"
+#include "allocator/spin_lock.h"
+
+namespace cudalloc {
+
+class FenceClock {
+ public:
+  // A ticket for a batch closed now.
+  std::uint64_t stamp() {
+    std::lock_guard lock(lock_);
+    return next_ticket_++;
+  }
+
+  // Whether every batch up to `ticket` is past its fence. Records a device fence if none
+  // covering `ticket` exists yet. Non-blocking.
+  bool passed(std::uint64_t ticket, SegmentBackend& backend) {
+    std::lock_guard lock(lock_);
+    if (ticket <= done_through_) return true;
+    Recorded* cover = nullptr;
+    for (Recorded& r : recorded_) {
+      if (r.covers >= ticket) {
+        cover = &r;
+        break;
+      }
+    }
+    if (cover == nullptr) {
+      recorded_.push_back(Recorded{next_ticket_ - 1, backend.record_device_fence()});
+      cover = &recorded_.back();
+    }
+    // Fences complete in order of recording only per stream; check them oldest first and drop
+    // the done ones, so done_through_ only moves forward over completed fences.
+    while (!recorded_.empty() && recorded_.front().fence->done()) {
+      done_through_ = recorded_.front().covers;
+      recorded_.pop_front();
+    }
+    return ticket <= done_through_;
+  }
+
+  void clear() {
+    std::lock_guard lock(lock_);
+    recorded_.clear();
+  }
+
+ private:
+  struct Recorded {
+    std::uint64_t covers;  // every ticket up to this one
+    std::unique_ptr<Fence> fence;
+  };
+  SpinLock lock_;
+  std::uint64_t next_ticket_ = 1;
+  std::uint64_t done_through_ = 0;
+  std::deque<Recorded> recorded_;
+};
+
+}  // namespace cudalloc

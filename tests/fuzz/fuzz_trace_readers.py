@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Bounded random-mutation fuzzing of the Python trace readers.
+
+Targets (all in-process, so that an exception is seen as the exception it is; the CLIs turn any
+unexpected exception into "internal error", exit 2, which would hide a bug):
+  * scripts/cudalloc-trace main(): summary, summary --json, export torch-snapshot|chrome|rmm
+  * scripts/replay_inputs.convert(): auto-detection and every input format (cudalloc trace,
+    PyTorch snapshot pickle, RMM CSV, the op stream)
+and, every --cli-every cases, the real command lines as subprocesses (exit status 0 or 2, no
+"Traceback" on stderr).
+
+Seeds: the trace and replay fixtures of the repository, the head of data/traces/demo-training.trace,
+tests/fuzz/corpus/trace_readers/*. Mutations: bit flips, byte and line insertion, deletion,
+duplication and shuffling, truncation, field replacement with hostile values (huge, negative,
+NaN, empty, non-ASCII, very long), splicing of two inputs.
+
+Pass: every case returns 0 or 2 (cudalloc-trace) / a result or InputError (replay_inputs). A
+failing input is saved under --crash-dir with its traceback. Exit 0 if clean, 1 otherwise.
+
+Usage: fuzz_trace_readers.py [--seconds 60] [--seed N] [--crash-dir DIR] [--cli-every 200]
+"""
+
+import argparse
+import contextlib
+import glob
+import importlib.machinery
+import importlib.util
+import io
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(ROOT, "scripts")
+sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.join(SCRIPTS, "trace"))
+
+import replay_inputs  # noqa: E402
+
+
+def load_cli():
+    path = os.path.join(SCRIPTS, "cudalloc-trace")
+    loader = importlib.machinery.SourceFileLoader("cudalloc_trace_cli", path)
+    spec = importlib.util.spec_from_loader("cudalloc_trace_cli", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+HOSTILE = [b"", b"-1", b"0", b"18446744073709551615", b"18446744073709551616", b"99999999999999999999999",
+           b"0x", b"0xffffffffffffffffffff", b"nan", b"inf", b"-0", b"1e400", b"\xff\xfe", b"\x00",
+           b"A" * 5000, b",,,,", b"\"", b"'", b"=", b"nvtx=" + b"/" * 300, b"stack=" + b"0x1;" * 200,
+           b"alloc", b"free", b"segment_alloc", b"oom", b"ok", b"-", b"#cudalloc-trace v1", b"#cudalloc-trace v999"]
+
+
+def seeds():
+    out = []
+    for pattern in ["tests/trace/data/*.csv", "tests/replay/fixtures/*", "tests/fuzz/corpus/trace_readers/*"]:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            if os.path.isfile(path) and os.path.getsize(path) < 512 * 1024:
+                with open(path, "rb") as f:
+                    out.append((os.path.relpath(path, ROOT), f.read()))
+    demo = os.path.join(ROOT, "data", "traces", "demo-training.trace")
+    if os.path.isfile(demo):
+        with open(demo, "rb") as f:
+            head = b"".join(f.readline() for _ in range(400))
+        out.append(("demo-training.trace[:400 lines]", head))
+    # A pickle that would run a command if the snapshot reader were not restricted.
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo PWNED-BY-PICKLE >&2",))
+    out.append(("evil.pickle", pickle.dumps({"segments": [], "device_traces": [[Evil()]]})))
+    return out
+
+
+def mutate(rng, data, pool):
+    data = bytearray(data)
+    for _ in range(rng.randint(1, 6)):
+        kind = rng.randrange(10)
+        if kind == 0 and data:  # bit flips
+            for _ in range(rng.randint(1, 8)):
+                i = rng.randrange(len(data))
+                data[i] ^= 1 << rng.randrange(8)
+        elif kind == 1 and data:  # truncate
+            del data[rng.randrange(len(data)):]
+        elif kind == 2:  # insert hostile bytes
+            i = rng.randrange(len(data) + 1)
+            data[i:i] = rng.choice(HOSTILE)
+        elif kind == 3 and data:  # delete a range
+            i = rng.randrange(len(data))
+            del data[i:i + rng.randint(1, 64)]
+        elif kind in (4, 5):  # line operations
+            lines = bytes(data).split(b"\n")
+            if not lines:
+                continue
+            op = rng.randrange(4)
+            i = rng.randrange(len(lines))
+            if op == 0:
+                lines.insert(rng.randrange(len(lines) + 1), lines[i])
+            elif op == 1:
+                del lines[i]
+            elif op == 2:
+                j = rng.randrange(len(lines))
+                lines[i], lines[j] = lines[j], lines[i]
+            else:
+                lines[i:i] = [lines[i]] * rng.randint(2, 50)
+            data = bytearray(b"\n".join(lines))
+        elif kind == 6:  # replace one comma/blank separated field
+            lines = bytes(data).split(b"\n")
+            i = rng.randrange(len(lines))
+            sep = b"," if b"," in lines[i] else b" "
+            fields = lines[i].split(sep)
+            fields[rng.randrange(len(fields))] = rng.choice(HOSTILE)
+            lines[i] = sep.join(fields)
+            data = bytearray(b"\n".join(lines))
+        elif kind == 7:  # splice with another input
+            other = rng.choice(pool)[1]
+            if other:
+                a = rng.randrange(len(data) + 1)
+                b = rng.randrange(len(other) + 1)
+                data = bytearray(bytes(data[:a]) + other[b:])
+        elif kind == 8 and data:  # overwrite a byte with an interesting one
+            data[rng.randrange(len(data))] = rng.choice(b"\x00\xff\n\r,:=x-#\x80")
+        else:  # CRLF, or no final newline
+            data = bytearray(bytes(data).replace(b"\n", b"\r\n")) if rng.random() < 0.5 else data.rstrip(b"\n")
+        if len(data) > 2 * 1024 * 1024:
+            del data[2 * 1024 * 1024:]
+    return bytes(data)
+
+
+class Failure(Exception):
+    pass
+
+
+# Bugs found by this harness in code outside tests/ (reported, not yet fixed there). The CLIs
+# turn them into "internal error", exit 2 (no traceback), so the user-facing contract holds;
+# they are listed, counted and printed as KNOWN rather than failing the stage. Set
+# FUZZ_STRICT=1 to fail on them too. Key: (exception class name, file, function of the frame
+# that raised). Remove an entry once its bug is fixed.
+KNOWN = {
+    # csv.reader raises _csv.Error on a bare '\r' inside a field (or a NUL byte): not caught.
+    ("Error", "replay_inputs.py", "convert_rmm"): "scripts/replay_inputs.py convert_rmm: _csv.Error not caught",
+    # int() of the header's origin_realtime_ns when it is not a number.
+    ("ValueError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: int(origin_realtime_ns)",
+    # Record.count: int() of a 'dropped' record's count=N extra field when N is not a number.
+    ("ValueError", "ct_reader.py", "count"): "scripts/trace/ct_reader.py Record.count: int(count=...)",
+}
+
+
+def signature(exc):
+    tb = traceback.extract_tb(exc.__traceback__)
+    frame = tb[-1] if tb else None
+    return (type(exc).__name__, os.path.basename(frame.filename) if frame else "", frame.name if frame else "")
+
+
+def run_cli(cli, argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+    if rc not in (0, 2):
+        raise Failure("cudalloc-trace %s returned %r; stderr: %s" % (" ".join(argv), rc, err.getvalue()[-500:]))
+    if "Traceback" in err.getvalue():
+        raise Failure("traceback on stderr: %s" % err.getvalue()[-2000:])
+
+
+def one_case(cli, rng, path, data, tmp):
+    with open(path, "wb") as f:
+        f.write(data)
+    # replay_inputs: auto-detection, then each format explicitly.
+    for fmt in ["auto"] + list(replay_inputs.FORMATS):
+        try:
+            conv = replay_inputs.convert(data, "fuzz-input", fmt)
+            conv.text()
+        except replay_inputs.InputError as e:
+            if "\n" in str(e):
+                raise Failure("InputError is not one line: %r" % str(e)[:300])
+    # cudalloc-trace.
+    cmd = rng.choice([["summary"], ["summary", "--json"], ["export", "--format", "torch-snapshot"],
+                      ["export", "--format", "chrome"], ["export", "--format", "rmm"]])
+    argv = [cmd[0], path, "--no-symbols"] + cmd[1:]
+    if cmd[0] == "export":
+        argv += ["-o", os.path.join(tmp, "out")]
+    run_cli(cli, argv)
+
+
+def run_subprocess_checks(path, tmp, replay_bin):
+    cmds = [[sys.executable, os.path.join(SCRIPTS, "cudalloc-trace"), "summary", path, "--no-symbols"],
+            [sys.executable, os.path.join(SCRIPTS, "cudalloc-trace"), "export", path, "--format", "rmm",
+             "-o", os.path.join(tmp, "sub.csv"), "--no-symbols"]]
+    if replay_bin:
+        cmds.append([sys.executable, os.path.join(SCRIPTS, "replay"), path, "--replay-bin", replay_bin,
+                     "--quiet", "--total", "4GiB"])
+    env = dict(os.environ)
+    env.pop("CUDALLOC_TRACE_DEBUG", None)
+    for c in cmds:
+        r = subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120)
+        err = r.stderr.decode(errors="replace")
+        if r.returncode not in (0, 2) or "Traceback" in err or "internal error" in err or "PWNED" in err:
+            raise Failure("%s: exit %d, stderr %s" % (" ".join(c[1:3]), r.returncode, err[-1500:]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--crash-dir", default=None)
+    ap.add_argument("--cli-every", type=int, default=200)
+    ap.add_argument("--replay-bin", default=os.environ.get("CUDALLOC_REPLAY_BIN"))
+    a = ap.parse_args()
+    seed = a.seed if a.seed is not None else int(time.time())
+    rng = random.Random(seed)
+    cli = load_cli()
+    pool = seeds()
+    crash_dir = a.crash_dir or tempfile.mkdtemp(prefix="fuzz-trace-crashes-")
+    failures = 0
+    known = {}
+    strict = os.environ.get("FUZZ_STRICT") == "1"
+    cases = 0
+    subprocess_cases = 0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fuzz-trace-") as tmp:
+        path = os.path.join(tmp, "input")
+        # Every seed unmutated first.
+        work = [(name, data) for name, data in pool]
+        while True:
+            if work:
+                name, data = work.pop(0)
+            else:
+                if time.monotonic() - start >= a.seconds:
+                    break
+                name, base = rng.choice(pool)
+                data = mutate(rng, base, pool)
+            cases += 1
+            try:
+                one_case(cli, rng, path, data, tmp)
+                if a.cli_every > 0 and cases % a.cli_every == 0:
+                    subprocess_cases += 1
+                    run_subprocess_checks(path, tmp, a.replay_bin)
+            except Exception as e:  # Failure, or any exception out of the readers
+                sig = signature(e)
+                if sig in KNOWN and not strict:
+                    if sig not in known:
+                        os.makedirs(crash_dir, exist_ok=True)
+                        with open(os.path.join(crash_dir, "known-%s-%s" % (sig[1], sig[2])), "wb") as f:
+                            f.write(data)
+                    known[sig] = known.get(sig, 0) + 1
+                    continue
+                failures += 1
+                os.makedirs(crash_dir, exist_ok=True)
+                out = os.path.join(crash_dir, "crash-%d" % failures)
+                with open(out, "wb") as f:
+                    f.write(data)
+                with open(out + ".txt", "w") as f:
+                    f.write("from seed input %s (seed %d)\n" % (name, seed))
+                    f.write(traceback.format_exc())
+                sys.stderr.write("FAIL (from %s): %s: %s -> %s\n" % (name, type(e).__name__,
+                                                                     str(e).splitlines()[0][:200] if str(e) else "",
+                                                                     out))
+                if failures >= 20:
+                    break
+    elapsed = time.monotonic() - start
+    for sig, n in sorted(known.items()):
+        print("KNOWN (not counted as a failure; FUZZ_STRICT=1 to fail): %s: %d cases" % (KNOWN[sig], n))
+    print("fuzz_trace_readers: %d cases (%d also as subprocesses) in %.1f s, seed %d, %d failures"
+          % (cases, subprocess_cases, elapsed, seed, failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

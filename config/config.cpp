@@ -30,7 +30,7 @@ constexpr std::size_t kMaxQuoted = 64;
 constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx";
+    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -57,6 +57,8 @@ enum class Key : unsigned {
   kFreeSync,
   kTraceStacks,
   kTraceNvtx,
+  kFreeEpochMb,
+  kThreadCache,
   kCount,
 };
 
@@ -64,6 +66,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "max_split_size_mb",   "garbage_collection_threshold", "roundup_power2_divisions",
     "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
     "free_sync",           "trace_stacks",                 "trace_nvtx",
+    "free_epoch_mb",       "thread_cache",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -359,6 +362,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
                       c.allocator.max_split_size);
     case Key::kMemoryLimitMb:
       return parse_mb(key, value, 1, "", c.allocator.memory_limit_bytes);
+    case Key::kFreeEpochMb:
+      return parse_mb(key, value, 0, "", c.allocator.free_epoch_bytes);
     case Key::kGarbageCollectionThreshold: {
       constexpr std::string_view expected = "expected a number between 0 and 1 (exclusive)";
       double v = 0.0;
@@ -384,7 +389,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
       return parse_roundup(value, c.allocator.roundup_power2_divisions);
     case Key::kExpandableSegments:
     case Key::kFreeSync:
-    case Key::kTraceNvtx: {
+    case Key::kTraceNvtx:
+    case Key::kThreadCache: {
       bool v = false;
       if (!parse_bool(value, v)) {
         return conf_error(key, value, "expected true or false (any case)");
@@ -393,6 +399,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
         c.allocator.expandable_segments = v;
       } else if (k == Key::kFreeSync) {
         c.free_sync = v;
+      } else if (k == Key::kThreadCache) {
+        c.allocator.thread_cache = v;
       } else {
         c.trace_nvtx = v;
       }
@@ -740,6 +748,9 @@ std::string describe(const Config& config) {
     s += " trace_stacks=" + std::to_string(config.trace_stacks);
     s += " trace_nvtx=";
     s += config.trace_nvtx ? "true" : "false";
+    s += " free_epoch_mb=" + std::to_string(config.allocator.free_epoch_bytes / (std::size_t{1} << 20));
+    s += " thread_cache=";
+    s += config.allocator.thread_cache ? "true" : "false";
     s += " no_caching=";
     s += config.no_caching ? "true" : "false";
     s += " trace=";

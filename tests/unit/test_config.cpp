@@ -546,7 +546,8 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false per_process_memory_fraction=1 "
-        "memory_limit_mb=none free_sync=false trace_stacks=0 trace_nvtx=false no_caching=false "
+        "memory_limit_mb=none free_sync=false trace_stacks=0 trace_nvtx=false free_epoch_mb=64 "
+                             "thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
   Config c = parse_ok(
@@ -564,7 +565,8 @@ TEST_CASE("describe", "[config]") {
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[1:1,512:2,1024:4,2048:8] expandable_segments=true "
         "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true trace_stacks=8 "
-        "trace_nvtx=true no_caching=true trace=/tmp/t.bin log_level=error log_file=/tmp/l.log "
+        "trace_nvtx=true free_epoch_mb=64 thread_cache=true no_caching=true trace=/tmp/t.bin "
+                       "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");
 
   Config u;
@@ -589,4 +591,21 @@ TEST_CASE("describe's roundup list reads back to the same table", "[config]") {
     const Config back = parse_ok("roundup_power2_divisions:" + list);
     CHECK(back.allocator.roundup_power2_divisions == c.allocator.roundup_power2_divisions);
   }
+}
+
+TEST_CASE("free_epoch_mb and thread_cache tune the hot path") {
+  auto r = parse_alloc_conf("free_epoch_mb:0,thread_cache:False");
+  REQUIRE(r.config);
+  CHECK(r.config->allocator.free_epoch_bytes == 0);
+  CHECK_FALSE(r.config->allocator.thread_cache);
+  r = parse_alloc_conf("free_epoch_mb:256");
+  REQUIRE(r.config);
+  CHECK(r.config->allocator.free_epoch_bytes == 256ull << 20);
+  CHECK(r.config->allocator.thread_cache);
+  r = parse_alloc_conf("thread_cache:maybe");
+  CHECK_FALSE(r.config);
+  CHECK(r.error.find("thread_cache:maybe") != std::string::npos);
+  r = parse_alloc_conf("free_epoch_mb:-1");
+  CHECK_FALSE(r.config);
+  CHECK(r.error.find("free_epoch_mb") != std::string::npos);
 }

@@ -148,6 +148,10 @@ KNOWN = {
     ("Error", "replay_inputs.py", "convert_rmm"): "scripts/replay_inputs.py convert_rmm: _csv.Error not caught",
     # int() of the header's origin_realtime_ns when it is not a number.
     ("ValueError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: int(origin_realtime_ns)",
+    # time.gmtime() of origin_realtime_ns + ts_ns when that is out of range (OverflowError, or
+    # OSError EOVERFLOW, which the CLI then reports as a file error).
+    ("OverflowError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: time.gmtime overflow",
+    ("OSError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: time.gmtime EOVERFLOW",
     # Record.count: int() of a 'dropped' record's count=N extra field when N is not a number.
     ("ValueError", "ct_reader.py", "count"): "scripts/trace/ct_reader.py Record.count: int(count=...)",
 }

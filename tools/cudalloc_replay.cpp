@@ -53,6 +53,7 @@
 #include "allocator/events.h"
 #include "allocator/memory_stats.h"
 #include "allocator/sim_backend.h"
+#include "trace/trace_writer.h"
 #include "config/config.h"
 
 namespace {
@@ -216,9 +217,9 @@ std::optional<std::size_t> parse_size(std::string_view s) {
 
 // --- writing a cudalloc trace (v1) of the replay
 
-class TraceWriter final : public AllocatorObserver {
+class OpTraceWriter final : public AllocatorObserver {
  public:
-  explicit TraceWriter(std::FILE* f) : f_(f) {
+  explicit OpTraceWriter(std::FILE* f) : f_(f) {
     std::fprintf(f_, "#cudalloc-trace v1\n");
     std::fprintf(f_, "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,allocated,reserved,extra\n");
     std::fprintf(f_, "# written by cudalloc-replay --write-trace (simulated device; ts_ns = op index * 1000)\n");
@@ -229,35 +230,12 @@ class TraceWriter final : public AllocatorObserver {
     if (e.stream == kNoStream) std::snprintf(stream, sizeof stream, "-");
     else std::snprintf(stream, sizeof stream, "0x%llx", static_cast<unsigned long long>(e.stream));
     std::fprintf(f_, "%llu,1,1,%d,%s,%s,0x%llx,%zu,%zu,%s,%d,%zu,%zu,%s\n",
-                 static_cast<unsigned long long>(op_ * 1000), e.device, event_name(e.kind), stream,
-                 static_cast<unsigned long long>(e.ptr), e.requested, e.rounded, result_name(e.result),
+                 static_cast<unsigned long long>(op_ * 1000), e.device, to_string(e.kind), stream,
+                 static_cast<unsigned long long>(e.ptr), e.requested, e.rounded, trace_result_name(e.result),
                  e.cache_hit ? 1 : 0, e.allocated_after, e.reserved_after, e.async ? "async=1" : "");
   }
 
  private:
-  static const char* event_name(EventKind k) {
-    switch (k) {
-      case EventKind::kAlloc: return "alloc";
-      case EventKind::kFree: return "free";
-      case EventKind::kSegmentAlloc: return "segment_alloc";
-      case EventKind::kSegmentFree: return "segment_free";
-      case EventKind::kCacheRelease: return "cache_release";
-      case EventKind::kOom: return "oom";
-      case EventKind::kPassthroughAlloc: return "passthrough_alloc";
-      case EventKind::kPassthroughFree: return "passthrough_free";
-    }
-    return "unknown";
-  }
-  static const char* result_name(Status s) {
-    switch (s) {
-      case Status::kOk: return "ok";
-      case Status::kInvalidValue: return "invalid_value";
-      case Status::kOutOfMemory: return "out_of_memory";
-      case Status::kBackendError: return "device_error";
-      case Status::kDeinitialized: return "deinitialized";
-    }
-    return "device_error";
-  }
   std::FILE* f_;
   std::uint64_t op_ = 0;
 };
@@ -303,7 +281,7 @@ struct ReplayResult {
 };
 
 ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t total, std::size_t limit,
-                    bool stop_at_oom, TraceWriter* writer = nullptr) {
+                    bool stop_at_oom, OpTraceWriter* writer = nullptr) {
   SimBackend sim(SimOptions{.total_memory = total, .host_memory = false});
   DeviceAllocator alloc(sim, options);
   if (limit != 0) alloc.set_memory_limit(limit);
@@ -653,7 +631,7 @@ int main(int argc, char** argv) {
   }
 
   std::FILE* trace_out = nullptr;
-  std::optional<TraceWriter> writer;
+  std::optional<OpTraceWriter> writer;
   if (!o.write_trace.empty()) {
     trace_out = std::fopen(o.write_trace.c_str(), "w");
     if (trace_out == nullptr) die("cannot write " + o.write_trace + ": " + std::strerror(errno));

@@ -20,6 +20,17 @@
 
 namespace cudalloc {
 
+const char* trace_result_name(Status s) noexcept {
+  switch (s) {
+    case Status::kOk: return "ok";
+    case Status::kInvalidValue: return "invalid_value";
+    case Status::kOutOfMemory: return "out_of_memory";
+    case Status::kBackendError: return "device_error";
+    case Status::kDeinitialized: return "deinitialized";
+  }
+  return "device_error";
+}
+
 namespace {
 
 std::int64_t monotonic_ns() noexcept {
@@ -50,16 +61,7 @@ constexpr std::size_t kBufferCapacity = std::size_t{1} << 20;
 constexpr std::size_t kMaxLine = 4096;  // a record's line is at most ~1.6 KB (64 frames)
 constexpr long kIdleWaitNs = 20 * 1000 * 1000;
 
-const char* result_name(std::uint8_t r) noexcept {
-  switch (static_cast<Status>(r)) {
-    case Status::kOk: return "ok";
-    case Status::kInvalidValue: return "invalid_value";
-    case Status::kOutOfMemory: return "out_of_memory";
-    case Status::kBackendError: return "device_error";
-    case Status::kDeinitialized: return "deinitialized";
-  }
-  return "device_error";
-}
+const char* result_name(std::uint8_t r) noexcept { return trace_result_name(static_cast<Status>(r)); }
 
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, long ns) noexcept {
   timespec ts{ns / 1000000000, ns % 1000000000};

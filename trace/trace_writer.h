@@ -32,6 +32,9 @@ struct TraceOptions {
 // there is none. Called on the allocating thread under the device lock: must not block.
 using NvtxRangeHook = std::size_t (*)(char* out, std::size_t capacity) noexcept;
 
+// The `result` column's spelling of a status (docs/trace-format.md).
+const char* trace_result_name(Status s) noexcept;
+
 class TraceWriter final : public AllocatorObserver {
  public:
   static constexpr std::size_t kMaxStackDepth = 64;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -551,13 +552,23 @@ std::string env_path(const char* name, const std::string& raw, std::string& out)
   return {};
 }
 
-std::string env_log_level(const std::string& raw, LogLevel& out) {
+// One of a fixed set of names, in any case.
+template <typename T, std::size_t N>
+std::string env_choice(const char* variable, const std::string& raw,
+                       const std::array<std::pair<std::string_view, T>, N>& choices, T& out,
+                       const char* accepted) {
   const std::string_view v = trim(raw);
-  struct Entry {
-    std::string_view name;
-    LogLevel level;
-  };
-  static constexpr std::array<Entry, 7> kLevels = {{
+  for (const auto& [name, value] : choices) {
+    if (iequals(v, name)) {
+      out = value;
+      return {};
+    }
+  }
+  return env_error(variable, raw, accepted);
+}
+
+std::string env_log_level(const std::string& raw, LogLevel& out) {
+  static constexpr std::array<std::pair<std::string_view, LogLevel>, 7> kLevels = {{
       {"trace", LogLevel::kTrace},
       {"debug", LogLevel::kDebug},
       {"info", LogLevel::kInfo},
@@ -566,36 +577,19 @@ std::string env_log_level(const std::string& raw, LogLevel& out) {
       {"error", LogLevel::kError},
       {"off", LogLevel::kOff},
   }};
-  for (const Entry& e : kLevels) {
-    if (iequals(v, e.name)) {
-      out = e.level;
-      return {};
-    }
-  }
-  return env_error("CUDALLOC_LOG_LEVEL", raw,
-                   "expected one of trace, debug, info, warn, warning, error, off (any case)");
+  return env_choice("CUDALLOC_LOG_LEVEL", raw, kLevels, out,
+                    "expected one of trace, debug, info, warn, warning, error, off (any case)");
 }
 
 std::string env_sanitizer(const std::string& raw, SanitizerMode& out) {
-  const std::string_view v = trim(raw);
-  struct Entry {
-    std::string_view name;
-    SanitizerMode mode;
-  };
-  static constexpr std::array<Entry, 4> kModes = {{
+  static constexpr std::array<std::pair<std::string_view, SanitizerMode>, 4> kModes = {{
       {"auto", SanitizerMode::kAuto},
       {"passthrough", SanitizerMode::kPassthrough},
       {"nvtx", SanitizerMode::kNvtx},
       {"off", SanitizerMode::kOff},
   }};
-  for (const Entry& e : kModes) {
-    if (iequals(v, e.name)) {
-      out = e.mode;
-      return {};
-    }
-  }
-  return env_error("CUDALLOC_SANITIZER", raw,
-                   "expected one of auto, passthrough, nvtx, off (any case)");
+  return env_choice("CUDALLOC_SANITIZER", raw, kModes, out,
+                    "expected one of auto, passthrough, nvtx, off (any case)");
 }
 
 ConfigResult load_config_impl(const EnvLookup& env) {

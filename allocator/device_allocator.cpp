@@ -360,9 +360,11 @@ struct DeviceAllocator::Impl : std::enable_shared_from_this<DeviceAllocator::Imp
   Segment* expandable_segment(StreamHandle stream, PoolKind kind) {
     auto it = expandable.find({stream, kind});
     if (it != expandable.end()) return it->second;
-    // Enough address space for the whole limit: the segment never has to move.
+    // Address space is cheap and cannot be grown in place: the device's memory plus the limit,
+    // so that live blocks left anywhere in the range never stop a request the limit allows
+    // from finding a contiguous range once free chunks are given back.
     const std::size_t g = backend.vm_granularity();
-    const std::size_t va = (limit() + g - 1) / g * g;
+    const std::size_t va = (backend.total_memory() + limit() + g - 1) / g * g;
     DevicePtr base = 0;
     if (va == 0 || backend.reserve_address(va, &base) != Status::kOk) return nullptr;
     Segment* s = segments.add_expandable(base, va, kind, stream);

@@ -165,3 +165,23 @@ TEST_CASE("max_split_size_mb does not stop an expandable segment from serving re
   }
   CHECK(f.stat("reserved_bytes.all.peak") <= static_cast<std::int64_t>(64 * kMiB));
 }
+
+TEST_CASE("a live block in the middle leaves room for a large request once free chunks go back") {
+  // Regression (found on an H200): with the address range sized to the limit, the space after
+  // a live block was too short for a large request even though the limit allowed it.
+  Fixture f(64 * kMiB, 1 * kGiB);
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(f.get(8 * kMiB));
+  for (int i = 0; i < 8; ++i) {
+    if (i != 3) f.alloc->free(blocks[i], FreeOrder::kDevice);
+  }
+  std::memset(reinterpret_cast<void*>(blocks[3]), 3, 8 * kMiB);
+  DevicePtr big = f.get(48 * kMiB);
+  std::memset(reinterpret_cast<void*>(big), 4, 48 * kMiB);
+  CHECK(reinterpret_cast<unsigned char*>(blocks[3])[8 * kMiB - 1] == 3);
+  CHECK(f.sim.used_bytes() <= 64 * kMiB);
+  DevicePtr past = 0;
+  CHECK(f.alloc->allocate(16 * kMiB, kNoStream, &past) == Status::kOutOfMemory);
+  f.alloc->free(big, FreeOrder::kCompleted);
+  CHECK(f.get(16 * kMiB) != 0);  // still serving after the OOM
+}

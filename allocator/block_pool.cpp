@@ -22,12 +22,6 @@ Block* BlockPool::best_fit(StreamHandle stream, std::size_t size) const {
   return *it;
 }
 
-Block* BlockPool::next_on_stream(Block* block) const {
-  auto it = blocks_.upper_bound(block);
-  if (it == blocks_.end() || (*it)->stream != block->stream) return nullptr;
-  return *it;
-}
-
 std::size_t BlockPool::largest() const {
   std::size_t largest = 0;
   for (const Block* b : blocks_) largest = std::max(largest, b->size);

@@ -18,8 +18,6 @@ class BlockPool {
 
   // The smallest free block of `stream` with size >= `size` (lowest address among equals).
   Block* best_fit(StreamHandle stream, std::size_t size) const;
-  // The next larger candidate after `block` on the same stream, or null.
-  Block* next_on_stream(Block* block) const;
 
   void clear() {
     blocks_.clear();

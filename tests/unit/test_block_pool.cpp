@@ -28,8 +28,6 @@ TEST_CASE("best fit picks the smallest large-enough block of the stream, lowest 
   CHECK(pool.best_fit(1, 4097) == nullptr);     // the stream-2 block is never offered
   CHECK(pool.best_fit(2, 512) == &blocks[4]);
   CHECK(pool.best_fit(3, 1) == nullptr);
-  CHECK(pool.next_on_stream(&blocks[3]) == &blocks[2]);
-  CHECK(pool.next_on_stream(&blocks[0]) == nullptr);
   CHECK(pool.largest() == 4096);
   pool.erase(&blocks[3]);
   CHECK(pool.best_fit(1, 1500) == &blocks[2]);

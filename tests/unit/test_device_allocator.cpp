@@ -426,6 +426,19 @@ TEST_CASE("bad frees are refused and leave the cache intact") {
   CHECK(f.stat("allocation.all.current") == 1);
 }
 
+TEST_CASE("reset_peak_stats brings every peak down to the current value") {
+  Fixture f;
+  DevicePtr a = f.get(12 * kMiB);
+  DevicePtr b = f.get(4096);
+  f.alloc.free(a, FreeOrder::kCompleted);
+  CHECK(f.stat("allocated_bytes.all.peak") == static_cast<std::int64_t>(12 * kMiB + 4096));
+  f.alloc.reset_peak_stats();
+  CHECK(f.stat("allocated_bytes.all.peak") == 4096);
+  CHECK(f.stat("reserved_bytes.all.peak") == f.stat("reserved_bytes.all.current"));
+  f.alloc.free(b, FreeOrder::kCompleted);
+  CHECK(f.stat("allocated_bytes.all.peak") == 4096);
+}
+
 TEST_CASE("find describes the block around an interior pointer") {
   Fixture f;
   f.get(1024);

@@ -387,7 +387,10 @@ def convert_rmm(raw, name, device=None):
     out = Converted("rmm")
     text = _decode(raw, name)
     truncated = bool(text) and not text.endswith("\n")
-    rows = list(csv.reader(io.StringIO(text)))
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as e:  # e.g. a NUL byte or an unterminated quote at the end
+        raise InputError("%s: not a readable CSV file (%s)" % (name, e)) from None
     header_at = None
     for i, row in enumerate(rows):
         if row and "".join(row).strip():

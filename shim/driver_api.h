@@ -18,6 +18,7 @@ namespace cudalloc::shim {
   X(cuCtxPushCurrent_v2, CUresult(CUcontext))                                                  \
   X(cuCtxPopCurrent_v2, CUresult(CUcontext*))                                                  \
   X(cuCtxSynchronize, CUresult())                                                              \
+  X(cuStreamSynchronize, CUresult(CUstream))                                                    \
   X(cuCtxDestroy, CUresult(CUcontext))                                                         \
   X(cuCtxDestroy_v2, CUresult(CUcontext))                                                      \
   X(cuDevicePrimaryCtxRetain, CUresult(CUcontext*, CUdevice))                                  \

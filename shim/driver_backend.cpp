@@ -198,9 +198,11 @@ void DriverBackend::remove_stream(StreamInfo* s) {
   // from now on must wait for it. (A capturing stream cannot be destroyed mid-capture.)
   CurrentContext current(ctx_);
   CUevent e = take_event();
-  if (e == nullptr) return;
-  if (driver().cuEventRecord(e, s->handle) != CUDA_SUCCESS) {
+  if (e == nullptr || driver().cuEventRecord(e, s->handle) != CUDA_SUCCESS) {
+    // Without an event no fence could wait for the stream's queued work any more: wait for it
+    // here, before the stream (and with it our view of that work) is gone.
     give_event(e);
+    driver().cuStreamSynchronize(s->handle);
     return;
   }
   auto tail = std::make_shared<Tail>(this, e);
@@ -402,7 +404,14 @@ Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
   Status result = Status::kOk;
   for (const auto& [base, piece] : pieces) {
     CUresult r = d.cuMemUnmap(static_cast<CUdeviceptr>(base), piece.first);
-    if (r == CUDA_SUCCESS) r = d.cuMemRelease(piece.second);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      // Still mapped: keep knowing it, so a later unmap (or the process's exit) finds it.
+      std::lock_guard lock(mutex_);
+      mapped_.emplace(base, piece);
+      if (result == Status::kOk) result = to_status(r);
+      continue;
+    }
+    r = d.cuMemRelease(piece.second);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && result == Status::kOk) result = to_status(r);
   }
   return result;

@@ -259,10 +259,16 @@ def export_rmm(trace, args):
                 continue
             if args.device is not None and r.device != args.device:
                 continue
-            if origin is None:
-                origin = int(trace.header.get("origin_realtime_ns", "0") or 0)
+            if origin is None:  # header comments are read as the records are
+                try:
+                    origin = int(trace.header.get("origin_realtime_ns", "0") or 0)
+                except ValueError:
+                    origin = 0  # a corrupt origin: times from the trace start
             wall = origin + r.ts_ns
-            tm = time.gmtime(wall // 1000000000)
+            try:
+                tm = time.gmtime(wall // 1000000000)
+            except (OverflowError, OSError, ValueError):  # a corrupt origin or timestamp
+                tm = time.gmtime(0)
             when = "%02d:%02d:%02d:%06d" % (tm.tm_hour, tm.tm_min, tm.tm_sec,
                                            (wall % 1000000000) // 1000)
             f.write("%d,%s,%s,0x%x,%d,%d\n" % (r.tid, when, action, r.ptr, r.requested,

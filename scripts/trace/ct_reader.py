@@ -52,8 +52,9 @@ class Record:
 
     @property
     def count(self):
-        """For `dropped` records: how many records the writer lost."""
-        return int(self.extra.get("count", "0"))
+        """For `dropped` records: how many records the writer lost (0 if the field is corrupt)."""
+        text = self.extra.get("count", "0")
+        return int(text) if text.isdigit() else 0
 
     def __repr__(self):
         return "Record(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__)

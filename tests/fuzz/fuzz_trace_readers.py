@@ -143,18 +143,7 @@ class Failure(Exception):
 # they are listed, counted and printed as KNOWN rather than failing the stage. Set
 # FUZZ_STRICT=1 to fail on them too. Key: (exception class name, file, function of the frame
 # that raised). Remove an entry once its bug is fixed.
-KNOWN = {
-    # csv.reader raises _csv.Error on a bare '\r' inside a field (or a NUL byte): not caught.
-    ("Error", "replay_inputs.py", "convert_rmm"): "scripts/replay_inputs.py convert_rmm: _csv.Error not caught",
-    # int() of the header's origin_realtime_ns when it is not a number.
-    ("ValueError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: int(origin_realtime_ns)",
-    # time.gmtime() of origin_realtime_ns + ts_ns when that is out of range (OverflowError, or
-    # OSError EOVERFLOW, which the CLI then reports as a file error).
-    ("OverflowError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: time.gmtime overflow",
-    ("OSError", "ct_export.py", "export_rmm"): "scripts/trace/ct_export.py export_rmm: time.gmtime EOVERFLOW",
-    # Record.count: int() of a 'dropped' record's count=N extra field when N is not a number.
-    ("ValueError", "ct_reader.py", "count"): "scripts/trace/ct_reader.py Record.count: int(count=...)",
-}
+KNOWN = {}  # every bug this harness found so far is fixed; add entries here, with a comment
 
 
 def signature(exc):

@@ -745,8 +745,9 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
         cache.deferred().push_back(b);
         cache.deferred_bytes() += b->size;
         cached = true;
-        // A full batch goes behind one device fence now, so it is likely done by the time the
-        // bins run dry; too many outstanding batches go to the allocator instead.
+        // A full batch is closed with a ticket; the first thread whose bins run dry records
+        // one device fence for every batch closed so far (fence_clock.h). Too many outstanding
+        // batches go to the allocator instead.
         if (cache.batch_due()) cache.close_batch(m.batch_fences.stamp());
         hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
       }

@@ -1,6 +1,7 @@
 // Allocate+free pair latency, the way legacy CUDA codes call it (static runtime by default).
-//   pairs [--async] [--iters N] [--threads T] [--mix LIVE]
-// Prints one line per size: median and p99 nanoseconds per pair, or for --mix the median
+//   pairs [--async] [--driver] [--iters N] [--threads T] [--mix LIVE]
+// Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
+// pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
 // log-uniform). With --threads, every thread runs the loop on its own non-blocking stream
 // and the line gives the total throughput in pairs per second.
@@ -14,6 +15,7 @@
 #include <random>
 #include <thread>
 #include <vector>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 using Clock = std::chrono::steady_clock;
@@ -23,31 +25,65 @@ static void die(cudaError_t e, const char* what) {
   std::exit(3);
 }
 
+// --driver: the driver entry points the runtime would call, looked up the runtime's way, so
+// that the runtime's own share of a pair shows as the difference.
+static struct {
+  bool on = false;
+  decltype(&cuMemAlloc_v2) alloc;
+  decltype(&cuMemFree_v2) free;
+  decltype(&cuMemAllocAsync) alloc_async;
+  decltype(&cuMemFreeAsync) free_async;
+} drv;
+
+template <typename F>
+static void lookup(const char* name, F* out) {
+  cudaDriverEntryPointQueryResult q;
+  void* f = nullptr;
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess || f == nullptr) {
+    std::fprintf(stderr, "lookup %s failed\n", name);
+    std::exit(3);
+  }
+  *out = reinterpret_cast<F>(f);
+}
+
 static void* alloc(size_t n, bool async, cudaStream_t s) {
   void* p = nullptr;
+  if (drv.on) {
+    CUdeviceptr d = 0;
+    CUresult r = async ? drv.alloc_async(&d, n, s) : drv.alloc(&d, n);
+    if (r != CUDA_SUCCESS) die(cudaErrorMemoryAllocation, "driver alloc");
+    return reinterpret_cast<void*>(d);
+  }
   cudaError_t e = async ? cudaMallocAsync(&p, n, s) : cudaMalloc(&p, n);
   if (e != cudaSuccess) die(e, "alloc");
   return p;
 }
 static void release(void* p, bool async, cudaStream_t s) {
+  if (drv.on) {
+    const auto d = reinterpret_cast<CUdeviceptr>(p);
+    if ((async ? drv.free_async(d, s) : drv.free(d)) != CUDA_SUCCESS) die(cudaErrorInvalidValue, "driver free");
+    return;
+  }
   cudaError_t e = async ? cudaFreeAsync(p, s) : cudaFree(p);
   if (e != cudaSuccess) die(e, "free");
 }
+
+constexpr int kWindow = 8;
 
 static void pairs(size_t size, bool async, int iters) {
   cudaStream_t s = nullptr;
   if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   for (int i = 0; i < 100; ++i) release(alloc(size, async, s), async, s);  // warm up
-  std::vector<double> ns(iters);
-  for (int i = 0; i < iters; ++i) {
+  const int windows = std::max(1, iters / kWindow);
+  std::vector<double> ns(windows);
+  for (int w = 0; w < windows; ++w) {
     auto t0 = Clock::now();
-    void* p = alloc(size, async, s);
-    release(p, async, s);
-    ns[i] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    for (int i = 0; i < kWindow; ++i) release(alloc(size, async, s), async, s);
+    ns[w] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow;
   }
   std::sort(ns.begin(), ns.end());
-  std::printf("pair size=%zu async=%d median_ns=%.0f p99_ns=%.0f\n", size, async, ns[iters / 2],
-              ns[static_cast<size_t>(iters * 0.99)]);
+  std::printf("pair size=%zu async=%d%s median_ns=%.0f p99_ns=%.0f\n", size, async, drv.on ? " driver=1" : "",
+              ns[windows / 2], ns[static_cast<size_t>(windows * 0.99)]);
   if (s) cudaStreamDestroy(s);
 }
 
@@ -107,18 +143,37 @@ int main(int argc, char** argv) {
   bool async = false;
   int iters = 20000, nthreads = 0;
   size_t live = 0;
+  bool probe = false;  // what one cuCtxGetCurrent costs (the shim asks it per cudaMalloc)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--threads")) nthreads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--driver")) drv.on = true;
+    else if (!std::strcmp(argv[i], "--probe")) probe = true;
   }
   cudaFree(nullptr);  // create the context outside the timings
+  if (drv.on) {
+    lookup("cuMemAlloc", &drv.alloc);
+    lookup("cuMemFree", &drv.free);
+    lookup("cuMemAllocAsync", &drv.alloc_async);
+    lookup("cuMemFreeAsync", &drv.free_async);
+  }
   if (async) {  // a warm pool: keep freed memory cached in the driver's pool
     cudaMemPool_t pool;
     cudaDeviceGetDefaultMemPool(&pool, 0);
     unsigned long long threshold = ~0ull;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+  }
+  if (probe) {
+    decltype(&cuCtxGetCurrent) get = nullptr;
+    lookup("cuCtxGetCurrent", &get);
+    CUcontext c = nullptr;
+    const int n = 1000000;
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) get(&c);
+    std::printf("probe cuCtxGetCurrent_ns=%.1f\n", std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n);
+    return 0;
   }
   if (nthreads > 0) {
     threads(nthreads, 64 * 1024, async, iters);

@@ -5,6 +5,7 @@
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
 #include "shim/log.h"
+#include "shim/profile.h"
 
 namespace cudalloc::shim {
 
@@ -22,7 +23,10 @@ Status to_status(CUresult r) {
 
 // NOT_READY is the only answer that means "still running": success, or an error (the driver
 // is shutting down, the context is broken) both mean no work will touch the memory any more.
-bool event_done(CUevent e) { return driver().cuEventQuery(e) != CUDA_ERROR_NOT_READY; }
+bool event_done(CUevent e) {
+  profile::Scope timed(profile::Site::kFenceQuery);
+  return driver().cuEventQuery(e) != CUDA_ERROR_NOT_READY;
+}
 
 }  // namespace
 
@@ -70,6 +74,7 @@ class EventFence final : public Fence {
   bool wait() override {
     if (backend_->dead()) return true;
     if (backend_->captures().any()) return done();  // synchronizing now could break a capture
+    profile::Scope timed(profile::Site::kFenceWait);
     for (CUevent e : events) driver().cuEventSynchronize(e);
     for (auto& t : tails) driver().cuEventSynchronize(t->event);
     for (CUevent e : events) backend_->give_event(e);
@@ -213,6 +218,7 @@ void DriverBackend::remove_stream(StreamInfo* s) {
 std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   if (dead()) return std::make_unique<DoneFence>();
   flush_deferred_frees();
+  profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   auto fence = std::make_unique<EventFence>(this);
   std::vector<CUstream> targets{CU_STREAM_LEGACY};
@@ -257,6 +263,7 @@ std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
       (info->kind == StreamInfo::Kind::kCreated && info->ctx != ctx_)) {
     return device_fence_now();
   }
+  profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   CUevent e = take_event();
   const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, handle);
@@ -274,6 +281,7 @@ Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
   *out = 0;
   if (dead()) return Status::kBackendError;
   flush_deferred_frees();
+  profile::Scope timed(profile::Site::kSegmentAlloc);
   CurrentContext current(ctx_);
   CUdeviceptr p = 0;
   const CUresult r = driver().cuMemAlloc_v2(&p, bytes);
@@ -299,6 +307,7 @@ Status DriverBackend::free_segment(DevicePtr ptr, std::size_t /*bytes*/) {
     deferred_frees_.push_back(ptr);
     return Status::kOk;
   }
+  profile::Scope timed(profile::Site::kSegmentFree);
   CurrentContext current(ctx_);
   const CUresult r = driver().cuMemFree_v2(static_cast<CUdeviceptr>(ptr));
   // At exit the driver may be gone already: the memory went with it.
@@ -356,6 +365,7 @@ Status DriverBackend::free_address(DevicePtr base, std::size_t bytes) {
 
 Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   if (dead()) return Status::kBackendError;
+  profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   const CUmemAllocationProp prop = device_prop(device_);
@@ -399,6 +409,7 @@ Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
       i = mapped_.erase(i);
     }
   }
+  profile::Scope timed(profile::Site::kUnmap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   Status result = Status::kOk;

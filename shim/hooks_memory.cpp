@@ -6,6 +6,7 @@
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/log.h"
+#include "shim/profile.h"
 #include "shim/runtime.h"
 #include "shim/tracing.h"
 
@@ -35,6 +36,7 @@ CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamH
 }
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
+  profile::Scope timed(profile::Site::kMemAlloc);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   if (ps == nullptr) {
@@ -49,6 +51,7 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
 }
 
 CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
+  profile::Scope timed(profile::Site::kMemAllocAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   auto* real = ptsz ? d.cuMemAllocAsync_ptsz : d.cuMemAllocAsync;
@@ -69,6 +72,7 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, 
 }
 
 CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
+  profile::Scope timed(profile::Site::kMemFreeAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   auto* real = ptsz ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
@@ -93,6 +97,7 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
 CUDALLOC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
 
 CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  profile::Scope timed(profile::Site::kMemFree);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   if (ps == nullptr) {

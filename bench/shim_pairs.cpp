@@ -1,0 +1,65 @@
+// A cached allocate+free pair through the preloaded shim, without a GPU: the program looks the
+// fake driver (tests/fake_driver) up as the CUDA runtime does and calls what it got, so the
+// figures cover the shim and the core but not the runtime or a real driver. For profiling on
+// the development machine:
+//   LD_PRELOAD=build/shim/libcudalloc.so LD_LIBRARY_PATH=build/tests/fake_driver \
+//     FAKE_CUDA_LOOKUP_TSV=tests/fake_driver/cudart13-driver-lookups.tsv build/bench/shim_pairs
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "client.h"
+
+using Clock = std::chrono::steady_clock;
+static const char* g_only = nullptr;
+static std::size_t g_only_size = 0;
+
+static void pairs(const char* name, std::size_t size, CUstream stream, bool async, int iters) {
+  if ((g_only && std::strcmp(g_only, name)) || (g_only_size && g_only_size != size)) return;
+  auto& c = client::client();
+  constexpr int kWindow = 8;
+  auto pair = [&] {
+    CUdeviceptr p = 0;
+    if (async) {
+      CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, size, stream) == CUDA_SUCCESS);
+      CHECK_OR_DIE(c.api.cuMemFreeAsync(p, stream) == CUDA_SUCCESS);
+    } else {
+      CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, size) == CUDA_SUCCESS);
+      CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    }
+  };
+  for (int i = 0; i < 1000; ++i) pair();
+  std::vector<double> ns(static_cast<std::size_t>(iters / kWindow));
+  for (double& v : ns) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kWindow; ++i) pair();
+    v = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow;
+  }
+  std::sort(ns.begin(), ns.end());
+  std::printf("shim name=%s size=%zu median_ns=%.1f p99_ns=%.1f\n", name, size, ns[ns.size() / 2],
+              ns[ns.size() * 99 / 100]);
+}
+
+int main(int argc, char** argv) {
+  int iters = 2000000;
+  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync
+  std::size_t only_size = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[++i];
+    if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
+  }
+  g_only = only;
+  g_only_size = only_size;
+  auto& c = client::client();
+  CUstream s = nullptr;
+  CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  pairs("cuMemFree", 64 << 10, nullptr, false, iters);
+  pairs("cuMemFreeAsync", 64 << 10, s, true, iters);
+  pairs("cuMemFree", 16 << 20, nullptr, false, iters / 4);
+  pairs("cuMemFreeAsync", 16 << 20, s, true, iters / 4);
+  return 0;
+}

@@ -1,0 +1,49 @@
+// CUDALLOC_PROFILE=1: counts and times what cudalloc does inside a process, so that a slower
+// program can be told apart from a slower allocator without a system profiler (the GPU
+// machine has none). Off by default; when off a Scope costs one predictable branch.
+// Printed to stderr at exit: per site, calls, total time and time per call.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace cudalloc::shim::profile {
+
+enum class Site : int {
+  kMemAlloc,        // cuMemAlloc hook (cudaMalloc)
+  kMemFree,         // cuMemFree hook (cudaFree)
+  kMemAllocAsync,   // cuMemAllocAsync hooks
+  kMemFreeAsync,    // cuMemFreeAsync hooks
+  kSegmentAlloc,    // driver: cuMemAlloc of a new segment
+  kSegmentFree,     // driver: cuMemFree of a segment
+  kMap,             // driver: create + map + set access (expandable segments)
+  kUnmap,           // driver: unmap + release
+  kFenceRecord,     // driver: the events of one fence
+  kFenceQuery,      // driver: cuEventQuery
+  kFenceWait,       // driver: waiting for a fence (the host blocks)
+  kCount,
+};
+
+bool enabled();
+void add(Site site, std::int64_t ns);
+
+class Scope {
+ public:
+  explicit Scope(Site site) : site_(site), on_(enabled()) {
+    if (on_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Scope() {
+    if (on_) {
+      add(site_, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
+    }
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Site site_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_{};
+};
+
+}  // namespace cudalloc::shim::profile

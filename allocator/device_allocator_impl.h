@@ -1,0 +1,131 @@
+// The state behind a DeviceAllocator, shared by the files that implement it: the public API
+// and the allocate/free ladder (device_allocator.cpp), the thread-cache hot paths
+// (thread_cache_paths.cpp), getting and giving back plain segments (device_segments.cpp) and
+// the reclaim steps of the out-of-memory ladder (reclaim.cpp). Free blocks and coalescing
+// live in FreeBlocks, virtual-memory growth in ExpandableSegments. Only what the hot path
+// calls is defined here, inline; everything but the hot path runs under `mutex`.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "allocator/expandable_segments.h"
+#include "allocator/fence_clock.h"
+#include "allocator/free_blocks.h"
+#include "allocator/live_map.h"
+#include "allocator/segment_table.h"
+#include "allocator/size_classes.h"
+#include "allocator/stream_fence.h"
+#include "allocator/thread_cache.h"
+
+namespace cudalloc {
+
+struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocator::Impl>, SegmentLedger {
+  Impl(SegmentBackend& b, const AllocatorOptions& o, int dev);
+
+  SegmentBackend& backend;
+  const AllocatorOptions& options;
+  SizeClasses sizes;
+  int device;
+  const std::uint64_t id;
+  std::atomic<AllocatorObserver*> observer{nullptr};
+  std::mutex mutex;
+
+  MemoryStats stats;
+  std::uint64_t tick = 0;
+  FreeBlocks blocks{sizes, stats, tick};
+  SegmentTable segments;
+  ExpandableSegments expandable{backend, segments, blocks, stats, *this};
+  FenceQueue fences;
+  FenceClock batch_fences;  // the device fences of the thread caches' batches
+  LiveMap live;
+  std::vector<std::shared_ptr<ThreadCache>> caches;
+  // Allocated bytes for the observer's records, kept across threads only while an observer is
+  // attached (it costs a shared atomic per operation). Attach it before the first allocation.
+  std::atomic<std::int64_t> allocated_now{0};
+  std::atomic<std::size_t> reserved_now{0};
+  std::optional<OomReport> last_oom;
+  std::size_t limit_override = 0;
+
+  std::size_t limit() const {
+    if (limit_override != 0) return limit_override;
+    const std::size_t total = backend.total_memory();
+    std::size_t limit = total;
+    if (options.per_process_memory_fraction < 1.0) {
+      limit = static_cast<std::size_t>(static_cast<double>(total) * options.per_process_memory_fraction);
+    }
+    if (options.memory_limit_bytes != 0) limit = std::min(limit, options.memory_limit_bytes);
+    return limit;
+  }
+
+  std::size_t reserved() const { return segments.bytes(); }
+  // Under the lock, after merge_deltas().
+  std::size_t allocated() const { return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current); }
+
+  void count_allocated(std::int64_t delta) {
+    if (observer.load(std::memory_order_relaxed) != nullptr) {
+      allocated_now.fetch_add(delta, std::memory_order_relaxed);
+    }
+  }
+
+  void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
+              std::size_t rounded, Status result = Status::kOk, bool async = false,
+              bool hit = false) {
+    AllocatorObserver* o = observer.load(std::memory_order_acquire);
+    if (o == nullptr) return;
+    AllocatorEvent e{};
+    e.kind = kind;
+    e.async = async;
+    e.cache_hit = hit;
+    e.result = result;
+    e.device = device;
+    e.stream = stream;
+    e.ptr = ptr;
+    e.requested = requested;
+    e.rounded = rounded;
+    e.allocated_after = static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed));
+    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
+    o->on_event(e);
+  }
+
+  // --- thread caches (thread_cache_paths.cpp)
+  ThreadCache& local_cache();
+  void retire(const std::shared_ptr<ThreadCache>& cache);
+  void merge_deltas();
+  void drain(ThreadCache& cache, bool bins);
+  bool refill(ThreadCache& cache);
+  void drain_all(bool bins);
+
+  // --- blocks changing hands (device_allocator.cpp)
+  void release_block(Block* b);
+  std::size_t collect_ready();
+  std::size_t wait_pending();
+  void take(Block* b, std::size_t requested, std::size_t rounded);
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
+  void free(Block* b, FreeOrder order, StreamHandle stream, bool async);
+
+  // --- device memory (device_segments.cpp)
+  Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
+  void free_segment(Segment* s);
+  Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
+  std::size_t device_limit() const override { return limit(); }
+  bool fits_under_limit(std::size_t bytes) const override;
+  void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
+  void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
+
+  // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
+  bool room_for(std::size_t bytes) const;
+  void collect_garbage();
+  bool release_oversize(std::size_t rounded);
+  Block* adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
+  std::size_t release_everything_idle();
+  OomReport make_oom_report(std::size_t requested, std::size_t rounded, StreamHandle stream);
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,59 @@
+// Getting memory from the device and giving it back: plain segments (one device allocation
+// each, cut into blocks), the choice between them and expandable segments, and the ledger both
+// report to (the limit, the reserved-bytes statistics, the observer's segment events). Kept
+// apart from the allocation ladder, which only decides *when* to ask for memory.
+#include "allocator/allocator_stats.h"
+#include "allocator/device_allocator_impl.h"
+
+namespace cudalloc {
+
+using Impl = DeviceAllocator::Impl;
+
+bool Impl::fits_under_limit(std::size_t bytes) const {
+  return bytes <= limit() && reserved() <= limit() - bytes;
+}
+
+void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  ++stats.num_device_alloc;
+  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
+}
+
+void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  ++stats.num_device_free;
+  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+}
+
+Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+  const std::size_t size = SizeClasses::segment_size(rounded);
+  if (!fits_under_limit(size)) return nullptr;
+  DevicePtr base = 0;
+  if (backend.allocate_segment(size, &base) != Status::kOk) return nullptr;
+  Segment* s = segments.add(base, size, kind, stream);
+  add_stat(stats.segment, kind, 1);
+  if (sizes.is_oversize(size)) ++stats.oversize_segments;
+  note_device_alloc(kind, stream, base, size);
+  return s->first;
+}
+
+void Impl::free_segment(Segment* s) {
+  const PoolKind kind = s->pool;
+  const DevicePtr base = s->base;
+  const std::size_t size = s->size;
+  const StreamHandle stream = s->stream;
+  blocks.erase(s->first);
+  backend.free_segment(base, size);
+  segments.remove(s);
+  sub_stat(stats.segment, kind, 1);
+  if (sizes.is_oversize(size)) --stats.oversize_segments;
+  note_device_free(kind, stream, base, size);
+}
+
+Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+  return options.expandable_segments ? expandable.grow(stream, rounded, kind) : new_segment(stream, rounded, kind);
+}
+
+}  // namespace cudalloc

@@ -1,0 +1,89 @@
+// Growing and trimming expandable segments on virtual memory (see expandable_segments.h).
+#include "allocator/expandable_segments.h"
+
+#include <algorithm>
+
+#include "allocator/allocator_stats.h"
+
+namespace cudalloc {
+
+Segment* ExpandableSegments::segment_for(StreamHandle stream, PoolKind kind) {
+  auto it = by_key_.find({stream, kind});
+  if (it != by_key_.end()) return it->second;
+  // Address space is cheap and cannot be grown in place: the device's memory plus the limit,
+  // so that live blocks left anywhere in the range never stop a request the limit allows
+  // from finding a contiguous range once free chunks are given back.
+  const std::size_t g = backend_.vm_granularity();
+  const std::size_t va = (backend_.total_memory() + ledger_.device_limit() + g - 1) / g * g;
+  DevicePtr base = 0;
+  if (va == 0 || backend_.reserve_address(va, &base) != Status::kOk) return nullptr;
+  Segment* s = segments_.add_expandable(base, va, kind, stream);
+  blocks_.insert(s->first);
+  add_stat(stats_.segment, kind, 1);
+  by_key_.emplace(std::make_pair(stream, kind), s);
+  return s;
+}
+
+Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+  Segment* s = segment_for(stream, kind);
+  if (s == nullptr) return nullptr;
+  const std::size_t g = backend_.vm_granularity();
+  for (Block* u = s->first; u != nullptr; u = u->next) {
+    if (u->mapped || u->state != BlockState::kFree) continue;
+    Block* before = u->prev;
+    const std::size_t have =
+        before != nullptr && before->mapped && before->state == BlockState::kFree ? before->size : 0;
+    if (have + u->size < rounded) continue;
+    const std::size_t need = std::min(u->size, (rounded - have + g - 1) / g * g);
+    if (!ledger_.fits_under_limit(need)) return nullptr;
+    if (backend_.map(u->ptr, need) != Status::kOk) return nullptr;
+    s->chunks.emplace(u->ptr, need);
+    segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
+    ledger_.note_device_alloc(kind, stream, u->ptr, need);
+    blocks_.erase(u);
+    if (u->size > need) blocks_.insert(FreeBlocks::split_at(u, need));
+    u->mapped = true;
+    blocks_.make_reusable(u);  // joins the free block before it
+    return blocks_.find(stream, rounded, kind);
+  }
+  return nullptr;
+}
+
+// Gives back every mapped chunk of `s` that lies inside a free block, once the segment's
+// stream has passed its frees (the device may still be reading a block freed in stream order).
+std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_below) {
+  if (s->stream != kNoStream) {
+    auto fence = backend_.record_fence(s->stream);
+    if (!fence->wait()) return 0;
+  }
+  std::size_t released = 0;
+  for (auto it = s->chunks.begin(); it != s->chunks.end() && segments_.bytes() > stop_below;) {
+    const auto [start, bytes] = *it;
+    Block* b = SegmentTable::block_containing(*s, start);
+    const bool inside = b != nullptr && b->mapped && b->state == BlockState::kFree &&
+                        start + bytes <= b->ptr + b->size;
+    if (!inside || backend_.unmap(start, bytes) != Status::kOk) {
+      ++it;
+      continue;
+    }
+    blocks_.erase(b);
+    if (b->ptr + b->size > start + bytes) blocks_.insert(FreeBlocks::split_at(b, start + bytes - b->ptr));
+    Block* gone = b->ptr < start ? FreeBlocks::split_at(b, start - b->ptr) : b;
+    if (gone != b) blocks_.insert(b);
+    gone->mapped = false;
+    blocks_.make_reusable(gone);  // joins neighbouring unmapped ranges
+    segments_.note_mapped(s, -static_cast<std::ptrdiff_t>(bytes));
+    ledger_.note_device_free(s->pool, s->stream, start, bytes);
+    released += bytes;
+    it = s->chunks.erase(it);
+  }
+  return released;
+}
+
+std::size_t ExpandableSegments::unmap_all_free_chunks(std::size_t stop_below) {
+  std::size_t released = 0;
+  for (auto& [key, s] : by_key_) released += unmap_free_chunks(s, stop_below);
+  return released;
+}
+
+}  // namespace cudalloc

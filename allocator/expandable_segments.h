@@ -1,0 +1,70 @@
+// Expandable segments: one range of reserved address space per (stream, pool), mapped chunk by
+// chunk as it grows, so that a large block finds room at the growth point instead of a new
+// segment being cut; under pressure the chunks inside free blocks are unmapped again. This is
+// the only code that talks to the backend's virtual-memory calls, so it is kept apart from the
+// plain segments and the allocation ladder. It owns the per-(stream, pool) index of those
+// segments; the segments and blocks themselves live in the SegmentTable and FreeBlocks it is
+// given, and what mapping changes means for the limit, the statistics and the observer is the
+// SegmentLedger's business. Used under the device lock only.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <utility>
+
+#include "allocator/backend.h"
+#include "allocator/block.h"
+#include "allocator/free_blocks.h"
+#include "allocator/memory_stats.h"
+#include "allocator/segment_table.h"
+
+namespace cudalloc {
+
+// What getting and giving back device memory reports to the allocator around it (the device
+// allocator implements it). Called on the slow paths only, next to a driver call.
+class SegmentLedger {
+ public:
+  // The reservation limit in force.
+  virtual std::size_t device_limit() const = 0;
+  // Whether `bytes` more can be held from the device without passing the limit.
+  virtual bool fits_under_limit(std::size_t bytes) const = 0;
+  // `bytes` at `ptr` were just taken from (given back to) the device for a segment of `kind`
+  // on `stream`; the segment table already counts the change.
+  virtual void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
+  virtual void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
+
+ protected:
+  ~SegmentLedger() = default;
+};
+
+class ExpandableSegments {
+ public:
+  ExpandableSegments(SegmentBackend& backend, SegmentTable& segments, FreeBlocks& blocks, MemoryStats& stats,
+                     SegmentLedger& ledger)
+      : backend_(backend), segments_(segments), blocks_(blocks), stats_(stats), ledger_(ledger) {}
+  ExpandableSegments(const ExpandableSegments&) = delete;
+  ExpandableSegments& operator=(const ExpandableSegments&) = delete;
+
+  // Maps just enough of the first unmapped range of the (stream, kind) segment that, with the
+  // free mapped block before it, holds the request; returns a block for it, out of its pool.
+  Block* grow(StreamHandle stream, std::size_t rounded, PoolKind kind);
+  // Unmaps the chunks inside free blocks of every expandable segment, until the allocator
+  // holds no more than `stop_below`. Returns the bytes given back.
+  std::size_t unmap_all_free_chunks(std::size_t stop_below = 0);
+  // Forgets the index (the segment table forgets the segments).
+  void clear() { by_key_.clear(); }
+
+ private:
+  // The segment of (stream, kind), reserved on first use; null if no address space is left.
+  Segment* segment_for(StreamHandle stream, PoolKind kind);
+  std::size_t unmap_free_chunks(Segment* s, std::size_t stop_below);
+
+  SegmentBackend& backend_;
+  SegmentTable& segments_;
+  FreeBlocks& blocks_;
+  MemoryStats& stats_;
+  SegmentLedger& ledger_;
+  std::map<std::pair<StreamHandle, PoolKind>, Segment*> by_key_;
+};
+
+}  // namespace cudalloc

@@ -1,0 +1,124 @@
+// The steps the allocation ladder (device_allocator.cpp) takes when the pools cannot serve a
+// request: garbage collection above the configured threshold, giving back oversize idle
+// segments, adopting another stream's idle segment, releasing everything idle, and the report
+// written when all of that fails. Each step is a policy on its own; keeping them here leaves
+// the ladder itself short enough to read as the order in which they are tried.
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "allocator/device_allocator_impl.h"
+
+namespace cudalloc {
+
+using Impl = DeviceAllocator::Impl;
+
+namespace {
+
+template <typename Pred>
+std::vector<Segment*> idle_segments(const SegmentTable& segments, Pred&& pred) {
+  std::vector<Segment*> out;
+  segments.for_each([&](Segment* s) {
+    if (s->idle() && pred(s)) out.push_back(s);
+  });
+  return out;
+}
+
+}  // namespace
+
+// Whether `bytes` more can be reserved without passing the limit or the collection threshold.
+bool Impl::room_for(std::size_t bytes) const {
+  std::size_t cap = limit();
+  if (options.garbage_collection_threshold > 0.0) {
+    cap = static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(cap));
+  }
+  return bytes <= cap && reserved() <= cap - bytes;
+}
+
+// Garbage collection: above the threshold, give back the longest-idle segments first.
+void Impl::collect_garbage() {
+  if (options.garbage_collection_threshold <= 0.0) return;
+  const auto target =
+      static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
+  if (reserved() <= target) return;
+  auto victims = idle_segments(segments, [](Segment*) { return true; });
+  std::sort(victims.begin(), victims.end(),
+            [](Segment* a, Segment* b) { return a->idle_since < b->idle_since; });
+  for (Segment* s : victims) {
+    if (reserved() <= target) break;
+    free_segment(s);
+  }
+  if (reserved() > target) expandable.unmap_all_free_chunks(target);
+}
+
+// Oversize idle blocks go back first: the best fitting one, else the largest ones until
+// enough is free.
+bool Impl::release_oversize(std::size_t rounded) {
+  if (options.max_split_size == std::numeric_limits<std::size_t>::max()) return false;
+  auto victims = idle_segments(segments, [this](Segment* s) { return sizes.is_oversize(s->size); });
+  if (victims.empty()) return false;
+  std::sort(victims.begin(), victims.end(), [](Segment* a, Segment* b) { return a->size < b->size; });
+  const std::size_t wanted = std::max(rounded, options.max_split_size);
+  auto fit = std::find_if(victims.begin(), victims.end(), [&](Segment* s) { return s->size >= wanted; });
+  if (fit != victims.end()) {
+    free_segment(*fit);
+    return true;
+  }
+  std::size_t released = 0;
+  while (!victims.empty() && released < wanted) {
+    released += victims.back()->size;
+    free_segment(victims.back());
+    victims.pop_back();
+  }
+  return true;
+}
+
+// A wholly idle segment of another stream can serve this one once that stream has passed
+// the point of the free. A fence recorded now lies after the free, so its completion is
+// enough; blocks from cudaFree (kNoStream) were device-fenced already.
+Block* Impl::adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
+  Segment* best = nullptr;
+  segments.for_each([&](Segment* s) {
+    if (s->stream == stream || s->pool != kind || !s->idle()) return;
+    if (s->size < rounded || !sizes.may_serve(s->size, rounded)) return;
+    if (best == nullptr || s->size < best->size) best = s;
+  });
+  if (best == nullptr) return nullptr;
+  if (best->stream != kNoStream && !backend.record_fence(best->stream)->done()) return nullptr;
+  Block* b = best->first;
+  blocks.erase(b);
+  best->stream = stream;
+  b->stream = stream;
+  return b;
+}
+
+std::size_t Impl::release_everything_idle() {
+  drain_all(true);
+  wait_pending();
+  std::size_t released = 0;
+  for (Segment* s : idle_segments(segments, [](Segment*) { return true; })) {
+    released += s->size;
+    free_segment(s);
+  }
+  released += expandable.unmap_all_free_chunks();
+  notify(EventKind::kCacheRelease, 0, 0, released, released);
+  return released;
+}
+
+OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, StreamHandle stream) {
+  OomReport r;
+  r.device = device;
+  r.stream = stream;
+  r.requested = requested;
+  r.rounded = rounded;
+  r.limit = limit();
+  r.device_total = backend.total_memory();
+  r.allocated = allocated();
+  r.reserved = reserved();
+  r.largest_free_block = blocks.largest();
+  r.pending_free = fences.pending_bytes();
+  r.free_fragmented = blocks.bytes();
+  return r;
+}
+
+}  // namespace cudalloc

@@ -1,0 +1,200 @@
+// The thread-cache side of the device allocator: DeviceAllocator::allocate and ::free with
+// their lock-free hot paths (an exact-size block from, or back to, the calling thread's
+// cache), and the plumbing that ties the caches to the allocator: finding this thread's
+// cache, folding its statistics in, refilling its bins from fenced batches, and draining it
+// back into the pools. Kept in one translation unit so that everything the hot paths call is
+// inlinable; whatever misses falls through to the locked ladder in device_allocator.cpp.
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "allocator/allocator_stats.h"
+#include "allocator/device_allocator_impl.h"
+
+namespace cudalloc {
+
+namespace {
+
+using Impl = DeviceAllocator::Impl;
+
+struct LocalEntry {
+  std::uint64_t id;
+  std::weak_ptr<Impl> owner;
+  std::shared_ptr<ThreadCache> cache;
+};
+// A thread's caches, one per allocator it used; given back when the thread exits.
+struct LocalCaches {
+  std::vector<LocalEntry> entries;
+  ~LocalCaches() {
+    for (LocalEntry& e : entries) {
+      if (auto owner = e.owner.lock()) owner->retire(e.cache);
+    }
+  }
+};
+
+}  // namespace
+
+ThreadCache& Impl::local_cache() {
+  thread_local LocalCaches local;
+  for (LocalEntry& e : local.entries) {
+    if (e.id == id) return *e.cache;
+  }
+  std::erase_if(local.entries, [](const LocalEntry& e) { return e.owner.expired(); });
+  auto cache = std::make_shared<ThreadCache>();
+  {
+    std::lock_guard lock(mutex);
+    caches.push_back(cache);
+  }
+  local.entries.push_back(LocalEntry{id, weak_from_this(), cache});
+  return *cache;
+}
+
+void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
+  std::lock_guard lock(mutex);
+  drain(*cache, true);
+  std::erase(caches, cache);
+}
+
+// Folds every thread's hot-path statistics into `stats`. Done before the locked path changes
+// them, so that a peak is never taken over totals that miss another thread's frees.
+void Impl::merge_deltas() {
+  for (auto& cache : caches) {
+    std::lock_guard lock(cache->lock);
+    merge_stats(stats, cache->delta());
+    stats.num_cache_hits += cache->hits;
+    cache->hits = 0;
+  }
+}
+
+// Takes a cache's statistics, its deferred frees, its spilled blocks and, with `bins` (memory
+// is short), its cached blocks and fenced batches. Without it, a thread keeps its two newest
+// batches to refill its bins.
+void Impl::drain(ThreadCache& cache, bool bins) {
+  std::lock_guard lock(cache.lock);
+  merge_stats(stats, cache.delta());
+  stats.num_cache_hits += cache.hits;
+  cache.hits = 0;
+  for (Block* b : cache.deferred()) fences.defer_to_epoch(b);
+  cache.deferred().clear();
+  cache.deferred_bytes() = 0;
+  for (Block* b : cache.spill()) blocks.make_reusable(b);
+  cache.spill().clear();
+  // A batch handed over joins the open epoch: the fence that closes it comes later than
+  // the batch's frees, which is all a batch needs.
+  auto& batches = cache.batches();
+  while (batches.size() > (bins ? 0 : 2)) {
+    for (Block* b : batches.front().blocks) fences.defer_to_epoch(b);
+    batches.pop_front();
+  }
+  if (bins) cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
+}
+
+// Moves the blocks of this thread's oldest batch into its bins once a device fence recorded
+// after it is done (blocks with no room in the bins are spilled to the allocator). Called by
+// the owner with the cache locked, when its bins miss.
+bool Impl::refill(ThreadCache& cache) {
+  auto& batches = cache.batches();
+  if (batches.empty() || !batch_fences.passed(batches.front().ticket, backend)) return false;
+  for (Block* b : batches.front().blocks) {
+    account_inactive(cache.delta(), b);
+    if (!cache.push(b, sizes.round(b->requested))) {
+      b->state = BlockState::kPending;
+      cache.spill().push_back(b);
+    }
+  }
+  batches.pop_front();
+  return true;
+}
+
+void Impl::drain_all(bool bins) {
+  for (auto& cache : caches) drain(*cache, bins);
+}
+
+Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+  Impl& m = *impl_;
+  if (m.options.thread_cache && bytes != 0 && bytes <= kSmallSize) {
+    // Hot path: an exact-size block from this thread's cache.
+    const std::size_t rounded = m.sizes.round(bytes);
+    ThreadCache& cache = m.local_cache();
+    Block* b = nullptr;
+    bool spilled = false;
+    {
+      std::lock_guard lock(cache.lock);
+      b = cache.pop(stream, rounded);
+      if (b == nullptr && m.refill(cache)) b = cache.pop(stream, rounded);
+      if (b != nullptr) {
+        b->state = BlockState::kAllocated;
+        b->requested = bytes;
+        account_alloc(cache.delta(), b, m.sizes.is_oversize(b->size));
+        ++cache.hits;
+      }
+      spilled = !cache.spill().empty();
+    }
+    if (spilled) {
+      std::lock_guard lock(m.mutex);
+      m.drain(cache, false);
+    }
+    if (b != nullptr) {
+      m.count_allocated(static_cast<std::int64_t>(b->size));
+      m.live.insert(b->ptr, b);
+      *out = b->ptr;
+      m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true);
+      return Status::kOk;
+    }
+  }
+  std::lock_guard lock(m.mutex);
+  return m.allocate(bytes, stream, out, async);
+}
+
+Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+  Impl& m = *impl_;
+  Block* b = m.live.take(ptr);
+  if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
+  // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
+  // there for the next device fence.
+  const bool reusable = order == FreeOrder::kCompleted ||
+                        (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
+  // Only small blocks are cached per thread: large ones parked there would stop their
+  // neighbours from coalescing, and fragmentation costs more than a lock at those sizes.
+  if (m.options.thread_cache && b->segment->pool == PoolKind::kSmall &&
+      (reusable || order == FreeOrder::kDevice)) {
+    ThreadCache& cache = m.local_cache();
+    const std::size_t size = b->size;
+    const std::size_t requested = b->requested;
+    bool cached = false;
+    bool hand_over = false;
+    {
+      std::lock_guard lock(cache.lock);
+      account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
+      if (reusable) {
+        account_inactive(cache.delta(), b);
+        cached = cache.push(b, m.sizes.round(requested));
+        if (!cached) b->state = BlockState::kPending;
+      } else {
+        b->state = BlockState::kPending;
+        b->stream_uses.clear();
+        cache.deferred().push_back(b);
+        cache.deferred_bytes() += b->size;
+        cached = true;
+        // A full batch is closed with a ticket; the first thread whose bins run dry records
+        // one device fence for every batch closed so far (fence_clock.h). Too many outstanding
+        // batches go to the allocator instead.
+        if (cache.batch_due()) cache.close_batch(m.batch_fences.stamp());
+        hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
+      }
+    }
+    m.count_allocated(-static_cast<std::int64_t>(size));
+    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
+    if (cached && !hand_over) return Status::kOk;
+    std::lock_guard lock(m.mutex);
+    if (!cached) m.blocks.make_reusable(b);  // its bin was full
+    if (hand_over) m.drain(cache, false);
+    return Status::kOk;
+  }
+  std::lock_guard lock(m.mutex);
+  m.free(b, order, stream, async);
+  return Status::kOk;
+}
+
+}  // namespace cudalloc

@@ -74,6 +74,13 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       fences.close_epoch(backend);
       if (collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     }
+    // A program far ahead of the GPU: wait for the oldest fence rather than grow without bound.
+    while (b == nullptr && options.max_pending_bytes != 0 && fences.pending_bytes() > options.max_pending_bytes) {
+      fences.close_epoch(backend);
+      if (!fences.wait_oldest([this](Block* x) { release_block(x); })) break;
+      ++stats.num_pending_waits;
+      b = blocks.find(stream, rounded, kind);
+    }
     if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
     if (b == nullptr) {
       hit = false;
@@ -208,6 +215,7 @@ void DeviceAllocator::forget_all() {
   MemoryStats fresh;
   fresh.num_alloc_retries = m.stats.num_alloc_retries;
   fresh.num_ooms = m.stats.num_ooms;
+  fresh.num_pending_waits = m.stats.num_pending_waits;
   fresh.num_device_alloc = m.stats.num_device_alloc;
   fresh.num_device_free = m.stats.num_device_free;
   fresh.num_cache_hits = m.stats.num_cache_hits;

@@ -30,24 +30,22 @@ class FenceClock {
   bool passed(std::uint64_t ticket, SegmentBackend& backend) {
     std::lock_guard lock(lock_);
     if (ticket <= done_through_) return true;
-    Recorded* cover = nullptr;
-    for (Recorded& r : recorded_) {
-      if (r.covers >= ticket) {
-        cover = &r;
-        break;
-      }
-    }
-    if (cover == nullptr) {
+    // Recorded fences cover increasing tickets: the newest tells whether any covers this one.
+    if (recorded_.empty() || recorded_.back().covers < ticket) {
       recorded_.push_back(Recorded{next_ticket_ - 1, backend.record_device_fence()});
-      cover = &recorded_.back();
     }
-    // Fences complete in order of recording only per stream; check them oldest first and drop
-    // the done ones, so done_through_ only moves forward over completed fences.
-    while (!recorded_.empty() && recorded_.front().fence->done()) {
-      done_through_ = recorded_.front().covers;
-      recorded_.pop_front();
-    }
+    retire_done();
     return ticket <= done_through_;
+  }
+
+  // Makes sure a fence covering `ticket` is recorded (without waiting for it). A thread calls
+  // it for its previous batch when it closes a new one: by the time its bins run dry and it
+  // needs that batch, the fence has had a batch's worth of time to complete. A fence recorded
+  // only when the bins are already dry is seldom done at once, and the miss takes the lock.
+  void cover(std::uint64_t ticket, SegmentBackend& backend) {
+    std::lock_guard lock(lock_);
+    if (ticket <= done_through_ || (!recorded_.empty() && recorded_.back().covers >= ticket)) return;
+    recorded_.push_back(Recorded{next_ticket_ - 1, backend.record_device_fence()});
   }
 
   void clear() {
@@ -56,6 +54,15 @@ class FenceClock {
   }
 
  private:
+  // Fences complete in order of recording only per stream; check them oldest first and drop
+  // the done ones, so done_through_ only moves forward over completed fences.
+  void retire_done() {
+    while (!recorded_.empty() && recorded_.front().fence->done()) {
+      done_through_ = recorded_.front().covers;
+      recorded_.pop_front();
+    }
+  }
+
   struct Recorded {
     std::uint64_t covers;  // every ticket up to this one
     std::unique_ptr<Fence> fence;

@@ -51,6 +51,7 @@ std::map<std::string, std::int64_t> MemoryStats::to_map() const {
   }
   out["num_alloc_retries"] = num_alloc_retries;
   out["num_ooms"] = num_ooms;
+  out["num_pending_waits"] = num_pending_waits;
   out["num_device_alloc"] = num_device_alloc;
   out["num_device_free"] = num_device_free;
   out["num_cache_hits"] = num_cache_hits;
@@ -128,8 +129,9 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
                 static_cast<long long>(s.num_device_alloc), static_cast<long long>(s.num_device_free),
                 static_cast<long long>(s.num_cache_hits), static_cast<long long>(s.num_cache_misses));
   out += "|" + pad(line, 77) + "|\n";
-  std::snprintf(line, sizeof line, " alloc retries: %lld  OOMs: %lld",
-                static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms));
+  std::snprintf(line, sizeof line, " alloc retries: %lld  OOMs: %lld  fence waits: %lld",
+                static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms),
+                static_cast<long long>(s.num_pending_waits));
   out += "|" + pad(line, 77) + "|\n";
   out += "|" + rule.substr(2) + "|\n";
   return out;

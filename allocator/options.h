@@ -31,6 +31,10 @@ struct AllocatorOptions {
   // only once it holds this many bytes (or memory is short): until then new memory is cut, so
   // the fence's cost is shared by many frees. 0 closes it at every miss.
   std::size_t free_epoch_bytes = 64 * kMiB;
+  // cudaFree'd bytes that may wait on fences before a miss waits for the oldest fence instead
+  // of cutting new memory. It bounds how far a program that runs ahead of the GPU can grow the
+  // cache (native cudaFree would block it at every free). 0 = no bound.
+  std::size_t max_pending_bytes = 1024 * kMiB;
   // Per-thread caches of small-pool blocks in front of the shared pools (thread_cache.h). Off
   // only in tests that look at pool-level behaviour such as coalescing.
   bool thread_cache = true;

@@ -59,6 +59,16 @@ class FenceQueue {
     return n;
   }
 
+  // Waits for the oldest fence and hands its blocks to `ready`. False if there is none, or it
+  // cannot be waited for now.
+  template <typename F>
+  bool wait_oldest(F&& ready) {
+    if (entries_.empty() || !entries_.front().fence->wait()) return false;
+    settle(entries_.front(), ready);
+    entries_.pop_front();
+    return true;
+  }
+
   // Drops everything without waiting (the context is gone).
   void clear();
 

@@ -80,11 +80,19 @@ void Impl::drain(ThreadCache& cache, bool bins) {
   cache.deferred_bytes() = 0;
   for (Block* b : cache.spill()) blocks.make_reusable(b);
   cache.spill().clear();
-  // A batch handed over joins the open epoch: the fence that closes it comes later than
-  // the batch's frees, which is all a batch needs.
+  // A batch handed over is reusable at once if its fence has passed; otherwise it joins the
+  // open epoch: the fence that closes it comes later than the batch's frees, which is all a
+  // batch needs.
   auto& batches = cache.batches();
   while (batches.size() > (bins ? 0 : 2)) {
-    for (Block* b : batches.front().blocks) fences.defer_to_epoch(b);
+    const bool passed = batch_fences.passed(batches.front().ticket, backend);
+    for (Block* b : batches.front().blocks) {
+      if (passed) {
+        release_block(b);
+      } else {
+        fences.defer_to_epoch(b);
+      }
+    }
     batches.pop_front();
   }
   if (bins) cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
@@ -164,6 +172,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     const std::size_t requested = b->requested;
     bool cached = false;
     bool hand_over = false;
+    std::uint64_t cover_ticket = 0;  // the previous batch's, to fence outside the cache's lock
     {
       std::lock_guard lock(cache.lock);
       account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
@@ -177,13 +186,18 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
         cache.deferred().push_back(b);
         cache.deferred_bytes() += b->size;
         cached = true;
-        // A full batch is closed with a ticket; the first thread whose bins run dry records
-        // one device fence for every batch closed so far (fence_clock.h). Too many outstanding
-        // batches go to the allocator instead.
-        if (cache.batch_due()) cache.close_batch(m.batch_fences.stamp());
+        // A full batch is closed with a ticket and put behind a device fence shared by every
+        // batch closed so far (fence_clock.h). Too many outstanding batches go to the
+        // allocator instead.
+        if (cache.batch_due()) {
+          cache.close_batch(m.batch_fences.stamp());
+          const auto& batches = cache.batches();
+          if (batches.size() >= 2) cover_ticket = batches[batches.size() - 2].ticket;
+        }
         hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
       }
     }
+    if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);
     m.count_allocated(-static_cast<std::int64_t>(size));
     m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
     if (cached && !hand_over) return Status::kOk;

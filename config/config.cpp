@@ -31,7 +31,7 @@ constexpr std::size_t kMaxQuoted = 64;
 constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache";
+    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache, max_pending_mb";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -60,6 +60,7 @@ enum class Key : unsigned {
   kTraceNvtx,
   kFreeEpochMb,
   kThreadCache,
+  kMaxPendingMb,
   kCount,
 };
 
@@ -67,7 +68,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "max_split_size_mb",   "garbage_collection_threshold", "roundup_power2_divisions",
     "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
     "free_sync",           "trace_stacks",                 "trace_nvtx",
-    "free_epoch_mb",       "thread_cache",
+    "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -365,6 +366,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
       return parse_mb(key, value, 1, "", c.allocator.memory_limit_bytes);
     case Key::kFreeEpochMb:
       return parse_mb(key, value, 0, "", c.allocator.free_epoch_bytes);
+    case Key::kMaxPendingMb:
+      return parse_mb(key, value, 0, "", c.allocator.max_pending_bytes);
     case Key::kGarbageCollectionThreshold: {
       constexpr std::string_view expected = "expected a number between 0 and 1 (exclusive)";
       double v = 0.0;
@@ -743,6 +746,7 @@ std::string describe(const Config& config) {
     s += " trace_nvtx=";
     s += config.trace_nvtx ? "true" : "false";
     s += " free_epoch_mb=" + std::to_string(config.allocator.free_epoch_bytes / (std::size_t{1} << 20));
+    s += " max_pending_mb=" + std::to_string(config.allocator.max_pending_bytes / (std::size_t{1} << 20));
     s += " thread_cache=";
     s += config.allocator.thread_cache ? "true" : "false";
     s += " no_caching=";

@@ -547,7 +547,7 @@ TEST_CASE("describe", "[config]") {
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false per_process_memory_fraction=1 "
         "memory_limit_mb=none free_sync=false trace_stacks=0 trace_nvtx=false free_epoch_mb=64 "
-                             "thread_cache=true no_caching=false "
+                             "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
   Config c = parse_ok(
@@ -565,7 +565,7 @@ TEST_CASE("describe", "[config]") {
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[1:1,512:2,1024:4,2048:8] expandable_segments=true "
         "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true trace_stacks=8 "
-        "trace_nvtx=true free_epoch_mb=64 thread_cache=true no_caching=true trace=/tmp/t.bin "
+        "trace_nvtx=true free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");
 
@@ -605,6 +605,15 @@ TEST_CASE("free_epoch_mb and thread_cache tune the hot path") {
   r = parse_alloc_conf("thread_cache:maybe");
   CHECK_FALSE(r.config);
   CHECK(r.error.find("thread_cache:maybe") != std::string::npos);
+  r = parse_alloc_conf("max_pending_mb:0");
+  REQUIRE(r.config);
+  CHECK(r.config->allocator.max_pending_bytes == 0);
+  r = parse_alloc_conf("max_pending_mb:2048");
+  REQUIRE(r.config);
+  CHECK(r.config->allocator.max_pending_bytes == 2048ull << 20);
+  r = parse_alloc_conf("max_pending_mb:lots");
+  CHECK_FALSE(r.config);
+  CHECK(r.error.find("max_pending_mb") != std::string::npos);
   r = parse_alloc_conf("free_epoch_mb:-1");
   CHECK_FALSE(r.config);
   CHECK(r.error.find("free_epoch_mb") != std::string::npos);

@@ -184,6 +184,29 @@ TEST_CASE("the epoch is fenced only once it holds free_epoch_bytes, or memory is
   CHECK(g.sim.device_fences() == 1);
 }
 
+TEST_CASE("a program far ahead of the device waits for the oldest fence past max_pending_bytes") {
+  // Every free has device work queued before it that has not run: without a bound each miss
+  // would cut new memory, as far as the limit allows.
+  auto run = [](std::size_t max_pending) {
+    AllocatorOptions o = fence_every_miss();
+    o.max_pending_bytes = max_pending;
+    Fixture f(o);
+    for (int i = 0; i < 20; ++i) {
+      f.sim.enqueue(kStreamA);
+      f.alloc.free(f.get(kWhole), FreeOrder::kDevice);
+    }
+    return std::make_pair(f.stat("reserved_bytes.all.peak"), f.stat("num_pending_waits"));
+  };
+  const auto [unbounded_peak, unbounded_waits] = run(0);
+  CHECK(unbounded_peak == static_cast<std::int64_t>(20 * kWhole));
+  CHECK(unbounded_waits == 0);
+  const auto [bounded_peak, bounded_waits] = run(4 * kWhole);
+  // Past 4 blocks pending, a miss waits (the simulated device runs the queued work) and
+  // reuses the oldest block instead of growing.
+  CHECK(bounded_peak <= static_cast<std::int64_t>(5 * kWhole));
+  CHECK(bounded_waits > 0);
+}
+
 TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses them without the lock") {
   Fixture f;
   std::vector<DevicePtr> ptrs;

@@ -64,8 +64,10 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   bool hit = true;
   Block* b = bytes > kMaxRequest ? nullptr : blocks.find(stream, rounded, kind);
   if (b == nullptr && bytes <= kMaxRequest) {
-    // Blocks parked in thread caches go back to the pools before any new memory is cut.
-    drain_all(true);
+    // Small blocks parked in thread caches go back to the pools before new small memory is
+    // cut. They cannot serve a large request (the pools do not share segments), so a large
+    // miss leaves the caches warm; the reclaim steps below still drain them when memory is short.
+    if (kind == PoolKind::kSmall) drain_all(true);
     b = blocks.find(stream, rounded, kind);
     if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     // The epoch is fenced once it is worth a fence, or when new memory would be short.

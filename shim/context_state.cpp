@@ -5,7 +5,7 @@
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
 #include "shim/log.h"
-#include "shim/tracing.h"
+#include "shim/observers.h"
 
 namespace cudalloc::shim {
 
@@ -38,7 +38,7 @@ ContextState* ContextRegistry::get(CUcontext ctx) {
   }
   // Never freed: other threads may still hold it, and nothing is given back at exit.
   auto* state = new ContextState(ctx, dev, options_, captures_);
-  state->allocator.set_observer(trace_observer());
+  state->allocator.set_observer(allocator_observer());
   auto* next = new std::vector<ContextState*>(live());
   next->push_back(state);
   snapshot_.store(next, std::memory_order_release);

@@ -4,36 +4,60 @@
 
 namespace cudalloc::shim {
 
-bool sanitizer_detected(char** envp) {
-  if (envp == nullptr) return false;
+namespace {
+
+// What CUDALLOC_SANITIZER=auto (the default) does under the sanitizer. Passthrough until the
+// NVTX mode has been checked by memcheck on real GPUs across the GPU suite: passthrough is
+// slow but shows memcheck every allocation exactly as the program made it.
+constexpr CacheMode kAutoUnderSanitizer = CacheMode::kPassthrough;
+
+}  // namespace
+
+SanitizerEnv sanitizer_env(char** envp) {
+  SanitizerEnv s;
+  if (envp == nullptr) return s;
   for (char** e = envp; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "NV_SANITIZER_", 13) == 0) return true;
-    if (std::strncmp(*e, "NVTX_INJECTION64_PATH=", 22) == 0 && std::strstr(*e + 22, "sanitizer") != nullptr) {
-      return true;
+    if (std::strncmp(*e, "NV_SANITIZER_", 13) == 0) s.detected = true;
+    if (std::strncmp(*e, "NVTX_INJECTION64_PATH=", 22) == 0 && (*e)[22] != '\0') {
+      s.nvtx_injection = true;
+      if (std::strstr(*e + 22, "sanitizer") != nullptr) s.detected = true;
     }
   }
-  return false;
+  return s;
 }
 
-bool choose_passthrough(const Config& config, bool under_sanitizer, const char** reason) {
+bool sanitizer_detected(char** envp) { return sanitizer_env(envp).detected; }
+
+CacheMode choose_mode(const Config& config, const SanitizerEnv& env, const char** reason) {
   *reason = "";
   if (config.no_caching) {
     *reason = "CUDALLOC_NO_CACHING=1";
-    return true;
+    return CacheMode::kPassthrough;
   }
-  if (!under_sanitizer) return false;
+  if (!env.detected) return CacheMode::kCaching;
+  CacheMode mode = CacheMode::kPassthrough;
   switch (config.sanitizer) {
     case SanitizerMode::kOff:
-      return false;
+      return CacheMode::kCaching;
     case SanitizerMode::kAuto:
-    case SanitizerMode::kPassthrough:
-    // NVTX registration of slabs and blocks is not implemented yet: passthrough is the
-    // mode under which memcheck sees every allocation.
-    case SanitizerMode::kNvtx:
       *reason = "compute-sanitizer detected";
-      return true;
+      mode = kAutoUnderSanitizer;
+      break;
+    case SanitizerMode::kPassthrough:
+      *reason = "compute-sanitizer detected, CUDALLOC_SANITIZER=passthrough";
+      break;
+    case SanitizerMode::kNvtx:
+      *reason = "compute-sanitizer detected, CUDALLOC_SANITIZER=nvtx";
+      mode = CacheMode::kNvtx;
+      break;
   }
-  return true;
+  // With no NVTX tool to receive them the registrations would go nowhere, and memcheck would
+  // be blind inside the cache.
+  if (mode == CacheMode::kNvtx && !env.nvtx_injection) {
+    *reason = "compute-sanitizer detected, but no NVTX_INJECTION64_PATH to register the cache with";
+    return CacheMode::kPassthrough;
+  }
+  return mode;
 }
 
 }  // namespace cudalloc::shim

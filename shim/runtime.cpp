@@ -10,6 +10,7 @@
 
 #include "shim/log.h"
 #include "shim/passthrough.h"
+#include "shim/sanitizer_nvtx.h"
 #include "shim/tracing.h"
 
 extern char** environ;
@@ -29,6 +30,7 @@ void after_fork_in_child() {
   new (&g_init_mutex) std::mutex;
   log_reset_after_fork();
   tracing_after_fork_child();
+  nvtx_after_fork_child();
   const Runtime* rt = g_runtime.load(std::memory_order_relaxed);
   if (rt != nullptr && !rt->passthrough) {
     g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
@@ -48,9 +50,21 @@ const Runtime* init() {
   rt->config = std::move(*loaded.config);
   log_configure(rt->config.log_level, rt->config.log_file);
   const char* reason = "";
-  rt->passthrough = choose_passthrough(rt->config, sanitizer_detected(environ), &reason);
+  const CacheMode mode = choose_mode(rt->config, sanitizer_env(environ), &reason);
+  rt->passthrough = mode == CacheMode::kPassthrough;
+  // One NVTX heap per segment; an expandable segment's chunks come and go inside one
+  // reservation, which the heap model does not describe without more bookkeeping.
+  if (mode == CacheMode::kNvtx && rt->config.allocator.expandable_segments) {
+    rt->config.allocator.expandable_segments = false;
+    log_warn("CUDALLOC_SANITIZER=nvtx: expandable segments are turned off (plain segments are registered "
+             "with NVTX)");
+  }
   log_info("configuration: %s", describe(rt->config).c_str());
   if (rt->passthrough) log_info("passthrough mode (%s): every call goes to the driver", reason);
+  if (mode == CacheMode::kNvtx) {
+    log_info("nvtx mode (%s): caching, segments and live blocks registered with the NVTX memory API", reason);
+    start_nvtx_registration();
+  }
   start_tracing_and_stats(rt->config);
   if (!rt->passthrough) g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
   pthread_atfork(nullptr, nullptr, after_fork_in_child);

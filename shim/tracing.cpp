@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "shim/log.h"
+#include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
 #include "trace/trace_writer.h"
 
@@ -41,6 +42,7 @@ void start_tracing_and_stats(const Config& config) {
       log_error("cannot write the trace %s: %s", config.trace_path.c_str(), error.c_str());
     } else {
       log_info("tracing to %s", w->file_path().c_str());
+      if (config.trace_nvtx) nvtx_connect_trace();
       w->install_fatal_signal_flush();
       g_writer.store(w.release(), std::memory_order_release);
       std::atexit(flush_at_exit);

@@ -43,6 +43,8 @@ std::int64_t monotonic_ns() noexcept {
 const std::int64_t g_origin_ns = monotonic_ns();
 
 std::atomic<NvtxRangeHook> g_nvtx_hook{nullptr};
+std::atomic<NvtxIdHook> g_nvtx_id_hook{nullptr};
+std::atomic<NvtxTextHook> g_nvtx_text_hook{nullptr};
 
 __attribute__((tls_model("initial-exec"))) thread_local int t_tid = 0;
 __attribute__((tls_model("initial-exec"))) thread_local int t_tid_pid = 0;
@@ -107,6 +109,7 @@ struct TraceRecord {
   std::uint64_t reserved;
   std::int32_t tid;
   std::int32_t device;
+  std::uint32_t nvtx_id;  // with the id hooks; 0: none (or text in the nvtx buffer)
   std::uint8_t kind;
   std::uint8_t result;
   std::uint8_t flags;
@@ -149,6 +152,12 @@ constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGTERM, SIGINT};
 
 void TraceWriter::set_nvtx_hook(NvtxRangeHook hook) noexcept {
   g_nvtx_hook.store(hook, std::memory_order_release);
+}
+
+void TraceWriter::set_nvtx_id_hooks(NvtxIdHook current, NvtxTextHook text) noexcept {
+  // Text first: an id recorded once `current` is visible can always be resolved.
+  if (text != nullptr) g_nvtx_text_hook.store(text, std::memory_order_release);
+  g_nvtx_id_hook.store(current, std::memory_order_release);
 }
 
 TraceWriter::TraceWriter(std::string base_path, const TraceOptions& options)
@@ -350,9 +359,11 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   }
   char nv[kMaxNvtx];
   std::size_t nv_len = 0;
+  std::uint32_t nv_id = 0;
   if (options_.nvtx) {
-    NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire);
-    if (hook != nullptr) {
+    if (NvtxIdHook id_hook = g_nvtx_id_hook.load(std::memory_order_acquire)) {
+      nv_id = id_hook();  // a thread-local read; the writer thread makes the text
+    } else if (NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire)) {
       nv_len = hook(nv, kMaxNvtx);
       if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
     }
@@ -389,6 +400,7 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   r.reserved = e.reserved_after;
   r.tid = tid;
   r.device = e.device;
+  r.nvtx_id = nv_id;
   r.kind = static_cast<std::uint8_t>(e.kind);
   r.result = static_cast<std::uint8_t>(e.result);
   r.flags = static_cast<std::uint8_t>((e.async ? kFlagAsync : 0) | (e.cache_hit ? kFlagHit : 0));
@@ -481,11 +493,22 @@ bool TraceWriter::drain_locked(bool /*from_signal*/) noexcept {
         o.str("async=1");
         sep = true;
       }
-      if (r.nvtx_len > 0) {
+      const char* s = nullptr;
+      std::size_t nv_len = 0;
+      if (r.nvtx_id != 0) {
+        if (NvtxTextHook text = g_nvtx_text_hook.load(std::memory_order_acquire)) {
+          nv_len = text(r.nvtx_id, &s);
+          if (s == nullptr) nv_len = 0;
+          if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
+        }
+      } else if (r.nvtx_len > 0) {
+        s = &im.nvtx[slot * kMaxNvtx];
+        nv_len = r.nvtx_len;
+      }
+      if (nv_len > 0) {
         if (sep) o.ch(';');
         o.str("nvtx=");
-        const char* s = &im.nvtx[slot * kMaxNvtx];
-        for (std::size_t i = 0; i < r.nvtx_len; ++i) {
+        for (std::size_t i = 0; i < nv_len; ++i) {
           unsigned char c = static_cast<unsigned char>(s[i]);
           // Keep the record one line of comma-separated fields.
           o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : static_cast<char>(c));

@@ -32,6 +32,13 @@ struct TraceOptions {
 // there is none. Called on the allocating thread under the device lock: must not block.
 using NvtxRangeHook = std::size_t (*)(char* out, std::size_t capacity) noexcept;
 
+// The id form the shim uses, which keeps text off the allocating thread: `current` returns the
+// calling thread's range as an id (0: none) and may only read thread-local state; `text` gives
+// an id's text (at most kMaxNvtx bytes, not NUL-terminated; 0 when unknown) on the writer
+// thread or in the fatal-signal flush, so it must not block or allocate. Ids must stay valid.
+using NvtxIdHook = std::uint32_t (*)() noexcept;
+using NvtxTextHook = std::size_t (*)(std::uint32_t id, const char** text) noexcept;
+
 // The `result` column's spelling of a status (docs/trace-format.md).
 const char* trace_result_name(Status s) noexcept;
 
@@ -77,6 +84,8 @@ class TraceWriter final : public AllocatorObserver {
 
   // Set by the shim when NVTX tracing is on; null (the default) records no range.
   static void set_nvtx_hook(NvtxRangeHook hook) noexcept;
+  // The id hooks; while `current` is set they are used instead of the text hook.
+  static void set_nvtx_id_hooks(NvtxIdHook current, NvtxTextHook text) noexcept;
 
   // The file actually written (`path` or `path.PID`).
   const std::string& file_path() const { return file_path_; }

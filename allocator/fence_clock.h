@@ -39,8 +39,8 @@ class FenceClock {
   }
 
   // Makes sure a fence covering `ticket` is recorded (without waiting for it). A thread calls
-  // it for its previous batch when it closes a new one: by the time its bins run dry and it
-  // needs that batch, the fence has had a batch's worth of time to complete. A fence recorded
+  // it for an older batch when it closes a new one: by the time its bins run dry and it needs
+  // that batch, the fence has had a few batches' worth of time to complete. A fence recorded
   // only when the bins are already dry is seldom done at once, and the miss takes the lock.
   void cover(std::uint64_t ticket, SegmentBackend& backend) {
     std::lock_guard lock(lock_);

@@ -18,6 +18,8 @@ namespace {
 
 using Impl = DeviceAllocator::Impl;
 
+constexpr std::size_t kCoverLag = 4;
+
 struct LocalEntry {
   std::uint64_t id;
   std::weak_ptr<Impl> owner;
@@ -172,7 +174,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     const std::size_t requested = b->requested;
     bool cached = false;
     bool hand_over = false;
-    std::uint64_t cover_ticket = 0;  // the previous batch's, to fence outside the cache's lock
+    std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock
     {
       std::lock_guard lock(cache.lock);
       account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
@@ -192,7 +194,9 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
         if (cache.batch_due()) {
           cache.close_batch(m.batch_fences.stamp());
           const auto& batches = cache.batches();
-          if (batches.size() >= 2) cover_ticket = batches[batches.size() - 2].ticket;
+          // A fence costs microseconds (an event per stream); covering the batch three back
+          // records one per four batches, still well before the bins need that batch.
+          if (batches.size() >= kCoverLag) cover_ticket = batches[batches.size() - kCoverLag].ticket;
         }
         hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
       }

@@ -45,11 +45,13 @@ void Impl::free_segment(Segment* s) {
   const std::size_t size = s->size;
   const StreamHandle stream = s->stream;
   blocks.erase(s->first);
-  backend.free_segment(base, size);
   segments.remove(s);
   sub_stat(stats.segment, kind, 1);
   if (sizes.is_oversize(size)) --stats.oversize_segments;
+  // Observers hear of it while the memory still exists (a sanitizer's heap is unregistered
+  // before the driver takes the memory back).
   note_device_free(kind, stream, base, size);
+  backend.free_segment(base, size);
 }
 
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {

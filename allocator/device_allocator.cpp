@@ -66,7 +66,8 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   if (b == nullptr && bytes <= kMaxRequest) {
     // Small blocks parked in thread caches go back to the pools before new small memory is
     // cut. They cannot serve a large request (the pools do not share segments), so a large
-    // miss leaves the caches warm; the reclaim steps below still drain them when memory is short.
+    // miss leaves the caches warm; garbage collection and the reclaim steps below still drain
+    // them when memory is short.
     if (kind == PoolKind::kSmall) drain_all(true);
     b = blocks.find(stream, rounded, kind);
     if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
@@ -76,8 +77,9 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       fences.close_epoch(backend);
       if (collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     }
-    // A program far ahead of the GPU: wait for the oldest fence rather than grow without bound.
-    while (b == nullptr && options.max_pending_bytes != 0 && fences.pending_bytes() > options.max_pending_bytes) {
+    // A program far ahead of the GPU: wait for the oldest fence rather than grow without bound
+    // (only for the pool asked from: the other pool's pending blocks cannot serve this).
+    while (b == nullptr && options.max_pending_bytes != 0 && fences.pending_bytes(kind) > options.max_pending_bytes) {
       fences.close_epoch(backend);
       if (!fences.wait_oldest([this](Block* x) { release_block(x); })) break;
       ++stats.num_pending_waits;

@@ -2,11 +2,16 @@
 //
 // A batch is stamped with a ticket when it is closed. A device fence recorded afterwards covers
 // every batch closed before it, whichever thread closed it, so threads need not each record
-// their own: the first one that needs a fence records one for all tickets issued so far, and
-// the others find it. That keeps event records (which the driver serializes) few under many
-// threads.
+// their own: a thread closing a batch makes sure an older batch of its own is covered
+// (cover()), and one whose bins run dry records a fence if none covers what it needs
+// (passed()); either way the others find it. That keeps event records (which the driver
+// serializes) few under many threads.
+//
+// Recording and querying are driver calls of microseconds: they run outside the spin lock,
+// which only guards the bookkeeping.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -28,13 +33,15 @@ class FenceClock {
   // Whether every batch up to `ticket` is past its fence. Records a device fence if none
   // covering `ticket` exists yet. Non-blocking.
   bool passed(std::uint64_t ticket, SegmentBackend& backend) {
-    std::lock_guard lock(lock_);
-    if (ticket <= done_through_) return true;
-    // Recorded fences cover increasing tickets: the newest tells whether any covers this one.
-    if (recorded_.empty() || recorded_.back().covers < ticket) {
-      recorded_.push_back(Recorded{next_ticket_ - 1, backend.record_device_fence()});
-    }
+    if (passed_now(ticket)) return true;
+    cover(ticket, backend);
+    return passed_now(ticket);
+  }
+
+  // Whether every batch up to `ticket` is known past its fence, recording nothing.
+  bool passed_now(std::uint64_t ticket) {
     retire_done();
+    std::lock_guard lock(lock_);
     return ticket <= done_through_;
   }
 
@@ -43,33 +50,64 @@ class FenceClock {
   // that batch, the fence has had a few batches' worth of time to complete. A fence recorded
   // only when the bins are already dry is seldom done at once, and the miss takes the lock.
   void cover(std::uint64_t ticket, SegmentBackend& backend) {
+    std::uint64_t want = 0;
+    {
+      std::lock_guard lock(lock_);
+      if (ticket <= done_through_ || covered_ >= ticket || recording_) return;
+      recording_ = true;
+      want = next_ticket_ - 1;
+    }
+    auto fence = backend.record_device_fence();
     std::lock_guard lock(lock_);
-    if (ticket <= done_through_ || (!recorded_.empty() && recorded_.back().covers >= ticket)) return;
-    recorded_.push_back(Recorded{next_ticket_ - 1, backend.record_device_fence()});
+    recorded_.push_back(Recorded{want, std::shared_ptr<Fence>(std::move(fence))});
+    covered_ = want;
+    recording_ = false;
   }
 
   void clear() {
     std::lock_guard lock(lock_);
     recorded_.clear();
+    covered_ = done_through_;
   }
 
  private:
-  // Fences complete in order of recording only per stream; check them oldest first and drop
-  // the done ones, so done_through_ only moves forward over completed fences.
+  struct Recorded {
+    std::uint64_t covers;  // every ticket up to this one
+    std::shared_ptr<Fence> fence;
+  };
+
+  // Fences complete in order of recording only per stream: they are checked oldest first, so
+  // done_through_ only moves forward over completed fences. One thread queries at a time
+  // (querying_); the others read what it found.
   void retire_done() {
-    while (!recorded_.empty() && recorded_.front().fence->done()) {
-      done_through_ = recorded_.front().covers;
-      recorded_.pop_front();
+    for (;;) {
+      std::shared_ptr<Fence> oldest;
+      std::uint64_t covers = 0;
+      {
+        std::lock_guard lock(lock_);
+        if (recorded_.empty() || querying_) return;
+        querying_ = true;
+        oldest = recorded_.front().fence;
+        covers = recorded_.front().covers;
+      }
+      const bool done = oldest->done();
+      std::lock_guard lock(lock_);
+      querying_ = false;
+      if (!done) return;
+      // clear() may have run meanwhile: only retire what is still the oldest.
+      if (!recorded_.empty() && recorded_.front().fence == oldest) {
+        done_through_ = std::max(done_through_, covers);
+        recorded_.pop_front();
+      }
     }
   }
 
-  struct Recorded {
-    std::uint64_t covers;  // every ticket up to this one
-    std::unique_ptr<Fence> fence;
-  };
   SpinLock lock_;
   std::uint64_t next_ticket_ = 1;
   std::uint64_t done_through_ = 0;
+  std::uint64_t covered_ = 0;  // the newest ticket a recorded fence covers
+  bool recording_ = false;
+  bool querying_ = false;
   std::deque<Recorded> recorded_;
 };
 

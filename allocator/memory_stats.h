@@ -48,7 +48,7 @@ struct MemoryStats {
   StatArray requested_bytes;
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
-  std::int64_t num_pending_waits = 0;  // misses that waited for a fence (max_pending_mb)
+  std::int64_t num_pending_waits = 0;  // fences a miss waited for (max_pending_mb)
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
   std::int64_t num_cache_hits = 0;    // allocations served without a device call

@@ -41,6 +41,8 @@ void Impl::collect_garbage() {
   const auto target =
       static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
   if (reserved() <= target) return;
+  // Small blocks parked in thread caches keep their segments busy: hand them back first.
+  drain_all(true);
   auto victims = idle_segments(segments, [](Segment*) { return true; });
   std::sort(victims.begin(), victims.end(),
             [](Segment* a, Segment* b) { return a->idle_since < b->idle_since; });

@@ -5,6 +5,7 @@ namespace cudalloc {
 void FenceQueue::track(Block* block) {
   if (block->pending_fences++ == 0) {
     pending_bytes_ += block->size;
+    pool_pending_bytes_[pool_index(block)] += block->size;
     ++pending_blocks_;
   }
 }
@@ -32,6 +33,7 @@ void FenceQueue::clear() {
   epoch_.clear();
   epoch_bytes_ = 0;
   pending_bytes_ = 0;
+  pool_pending_bytes_[0] = pool_pending_bytes_[1] = 0;
   pending_blocks_ = 0;
 }
 

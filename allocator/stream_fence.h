@@ -73,6 +73,7 @@ class FenceQueue {
   void clear();
 
   std::size_t pending_bytes() const { return pending_bytes_; }
+  std::size_t pending_bytes(PoolKind pool) const { return pool_pending_bytes_[pool == PoolKind::kLarge ? 1 : 0]; }
   std::size_t pending_blocks() const { return pending_blocks_; }
 
  private:
@@ -87,6 +88,7 @@ class FenceQueue {
     for (Block* b : entry.blocks) {
       if (--b->pending_fences == 0) {
         pending_bytes_ -= b->size;
+        pool_pending_bytes_[pool_index(b)] -= b->size;
         --pending_blocks_;
         ready(b);
         ++n;
@@ -95,11 +97,15 @@ class FenceQueue {
     return n;
   }
   void track(Block* block);
+  static int pool_index(const Block* b) {
+    return b->segment != nullptr && b->segment->pool == PoolKind::kLarge ? 1 : 0;
+  }
 
   std::deque<Entry> entries_;
   std::vector<Block*> epoch_;
   std::size_t epoch_bytes_ = 0;
   std::size_t pending_bytes_ = 0;
+  std::size_t pool_pending_bytes_[2] = {0, 0};  // small, large
   std::size_t pending_blocks_ = 0;
 };
 

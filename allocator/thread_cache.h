@@ -1,8 +1,9 @@
 // A thread's private stock of free blocks, so that a cached allocate and free touch no shared
 // lock. Bins hold blocks reusable at once on their stream, keyed by (stream, rounded request
 // size): a block may be larger than the request it served, and serves the same request again.
-// Blocks freed with cudaFree wait in `deferred`; the owner puts them behind one device fence
-// per batch, and once it completes they refill the bins. The owner thread takes `lock`
+// Blocks freed with cudaFree wait in `deferred`; the owner closes them into batches behind
+// device fences shared across threads (fence_clock.h), and once a batch's fence completes its
+// blocks refill the bins. The owner thread takes `lock`
 // uncontended; the device allocator takes it to drain the cache under pressure and to read
 // the statistics deltas.
 #pragma once

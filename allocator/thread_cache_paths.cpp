@@ -87,7 +87,9 @@ void Impl::drain(ThreadCache& cache, bool bins) {
   // batch needs.
   auto& batches = cache.batches();
   while (batches.size() > (bins ? 0 : 2)) {
-    const bool passed = batch_fences.passed(batches.front().ticket, backend);
+    // Records nothing here (this runs under the device lock and the cache's): a batch not
+    // known past its fence joins the epoch, which loses nothing.
+    const bool passed = batch_fences.passed_now(batches.front().ticket);
     for (Block* b : batches.front().blocks) {
       if (passed) {
         release_block(b);
@@ -172,6 +174,10 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     ThreadCache& cache = m.local_cache();
     const std::size_t size = b->size;
     const std::size_t requested = b->requested;
+    // Reported while this thread still owns the block: once in the cache, another thread may
+    // drain it, and an observer must not hear of this free after the block's next life began.
+    m.count_allocated(-static_cast<std::int64_t>(size));
+    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
     bool cached = false;
     bool hand_over = false;
     std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock
@@ -202,8 +208,6 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
       }
     }
     if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);
-    m.count_allocated(-static_cast<std::int64_t>(size));
-    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
     if (cached && !hand_over) return Status::kOk;
     std::lock_guard lock(m.mutex);
     if (!cached) m.blocks.make_reusable(b);  // its bin was full

@@ -1,9 +1,9 @@
 // A cached allocate+free pair through the preloaded shim, without a GPU: the program looks the
 // fake driver (tests/fake_driver) up as the CUDA runtime does and calls what it got, so the
 // figures cover the shim and the core but not the runtime or a real driver. For profiling on
-// the development machine:
-//   LD_PRELOAD=build/shim/libcudalloc.so LD_LIBRARY_PATH=build/tests/fake_driver \
-//     FAKE_CUDA_LOOKUP_TSV=tests/fake_driver/cudart13-driver-lookups.tsv build/bench/shim_pairs
+// the development machine (one command line):
+//   LD_PRELOAD=build/shim/libcudalloc.so LD_LIBRARY_PATH=build/tests/fake_driver
+//   FAKE_CUDA_LOOKUP_TSV=tests/fake_driver/cudart13-driver-lookups.tsv build/bench/shim_pairs
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

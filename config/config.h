@@ -13,7 +13,7 @@
 namespace cudalloc {
 
 enum class SanitizerMode {
-  kAuto,         // detect compute-sanitizer; passthrough under it (nvtx is opt-in)
+  kAuto,         // detect compute-sanitizer; nvtx under it (passthrough without an NVTX tool)
   kPassthrough,  // under the sanitizer, send every call to the driver
   kNvtx,         // keep caching, register slabs and blocks with the NVTX memory API
   kOff,          // ignore the sanitizer

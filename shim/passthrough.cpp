@@ -27,8 +27,6 @@ SanitizerEnv sanitizer_env(char** envp) {
   return s;
 }
 
-bool sanitizer_detected(char** envp) { return sanitizer_env(envp).detected; }
-
 CacheMode choose_mode(const Config& config, const SanitizerEnv& env, const char** reason) {
   *reason = "";
   if (config.no_caching) {

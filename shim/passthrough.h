@@ -18,7 +18,6 @@ struct SanitizerEnv {
 // compute-sanitizer leaves NV_SANITIZER_* variables, and NVTX_INJECTION64_PATH naming its
 // injection library, in the environment of the process it runs.
 SanitizerEnv sanitizer_env(char** envp);
-bool sanitizer_detected(char** envp);
 
 // The mode for this configuration; `reason` says why (for the info log).
 CacheMode choose_mode(const Config& config, const SanitizerEnv& env, const char** reason);

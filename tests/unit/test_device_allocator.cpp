@@ -207,6 +207,23 @@ TEST_CASE("a program far ahead of the device waits for the oldest fence past max
   CHECK(bounded_waits > 0);
 }
 
+TEST_CASE("the pending bound only makes a miss wait for its own pool's pending frees") {
+  AllocatorOptions o = fence_every_miss();
+  o.thread_cache = false;  // small frees go to the allocator's epoch
+  o.max_pending_bytes = 2 * kMiB;
+  Fixture f(o);
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 8; ++i) small.push_back(f.get(kMiB));
+  f.sim.enqueue(kStreamA);  // never runs by itself: the small frees stay pending
+  for (DevicePtr p : small) f.alloc.free(p, FreeOrder::kDevice);
+  f.get(3 * kWhole);  // large: waiting on small-pool fences could not serve it
+  CHECK(f.stat("num_pending_waits") == 0);
+  CHECK(f.sim.queued(kStreamA) == 1);
+  f.get(kMiB);  // small: over the bound, so it waits (the simulated device runs the work)
+  CHECK(f.stat("num_pending_waits") >= 1);
+  CHECK(f.sim.queued(kStreamA) == 0);
+}
+
 TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses them without the lock") {
   Fixture f;
   std::vector<DevicePtr> ptrs;

@@ -23,3 +23,13 @@ __device__ inline void spin_ns(unsigned long long ns) {
     if (now - start >= ns) break;
   }
 }
+
+// A word pattern that depends on the value and the index, written and then checked: a block
+// whose bytes moved or were overwritten counts its wrong words in `bad`.
+__global__ void fill_pattern(unsigned* p, size_t n, unsigned v) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v ^ unsigned(i);
+}
+__global__ void check_pattern(const unsigned* p, size_t n, unsigned v, unsigned long long* bad) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    if (p[i] != (v ^ unsigned(i))) atomicAdd(bad, 1ull);
+}

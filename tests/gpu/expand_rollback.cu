@@ -6,14 +6,6 @@
 #include <vector>
 #include "common.h"
 
-__global__ void fill(unsigned* p, size_t n, unsigned v) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v ^ unsigned(i);
-}
-__global__ void check(const unsigned* p, size_t n, unsigned v, unsigned long long* bad) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    if (p[i] != (v ^ unsigned(i))) atomicAdd(bad, 1ull);
-}
-
 int main() {
   const size_t mib = size_t{1} << 20;
   unsigned long long* bad;
@@ -21,7 +13,7 @@ int main() {
   CHECK_CUDA(cudaMemset(bad, 0, sizeof *bad));
   unsigned* kept;
   CHECK_CUDA(cudaMalloc(&kept, 256 * mib));
-  fill<<<256, 256>>>(kept, 256 * mib / 4, 11);
+  fill_pattern<<<256, 256>>>(kept, 256 * mib / 4, 11);
   CHECK_CUDA(cudaDeviceSynchronize());
 
   // Take the device's memory from a pool of the program's own (cudaMallocFromPoolAsync goes to
@@ -72,9 +64,9 @@ int main() {
   }
   unsigned* small;
   CHECK_CUDA(cudaMalloc(&small, 32 * mib));  // still fits: the failed growth left nothing mapped
-  fill<<<256, 256>>>(small, 32 * mib / 4, 22);
-  check<<<256, 256>>>(small, 32 * mib / 4, 22, bad);
-  check<<<256, 256>>>(kept, 256 * mib / 4, 11, bad);
+  fill_pattern<<<256, 256>>>(small, 32 * mib / 4, 22);
+  check_pattern<<<256, 256>>>(small, 32 * mib / 4, 22, bad);
+  check_pattern<<<256, 256>>>(kept, 256 * mib / 4, 11, bad);
   CHECK_CUDA(cudaDeviceSynchronize());
 
   for (void* h : hog) CHECK_CUDA(cudaFreeAsync(h, 0));
@@ -82,9 +74,9 @@ int main() {
   CHECK_CUDA(cudaStreamSynchronize(0));
   CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
   CHECK_CUDA(cudaMalloc(&big, 8192 * mib));  // grows again once memory is back
-  fill<<<1024, 256>>>(static_cast<unsigned*>(big), 8192 * mib / 4, 33);
-  check<<<1024, 256>>>(static_cast<unsigned*>(big), 8192 * mib / 4, 33, bad);
-  check<<<256, 256>>>(kept, 256 * mib / 4, 11, bad);
+  fill_pattern<<<1024, 256>>>(static_cast<unsigned*>(big), 8192 * mib / 4, 33);
+  check_pattern<<<1024, 256>>>(static_cast<unsigned*>(big), 8192 * mib / 4, 33, bad);
+  check_pattern<<<256, 256>>>(kept, 256 * mib / 4, 11, bad);
   unsigned long long nbad = 0;
   CHECK_CUDA(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
   if (nbad != 0) {

@@ -5,14 +5,6 @@
 #include <vector>
 #include "common.h"
 
-__global__ void fill(unsigned* p, size_t n, unsigned v) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v ^ unsigned(i);
-}
-__global__ void check(const unsigned* p, size_t n, unsigned v, unsigned long long* bad) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    if (p[i] != (v ^ unsigned(i))) atomicAdd(bad, 1ull);
-}
-
 int main() {
   const size_t mib = size_t{1} << 20;
   unsigned long long* bad;
@@ -22,16 +14,16 @@ int main() {
   for (int i = 0; i < 12; ++i) {  // 768 MiB in 64 MiB blocks, interleaved with small ones
     unsigned* p;
     CHECK_CUDA(cudaMalloc(&p, 64 * mib));
-    fill<<<256, 256>>>(p, 64 * mib / 4, i);
+    fill_pattern<<<256, 256>>>(p, 64 * mib / 4, i);
     blocks.push_back(p);
   }
   unsigned* keep = blocks[5];  // stays live in the middle
   for (int i = 0; i < 12; ++i) if (i != 5) CHECK_CUDA(cudaFree(blocks[i]));
   unsigned* big;
   CHECK_CUDA(cudaMalloc(&big, 900 * mib));  // fits only once free chunks go back
-  fill<<<1024, 256>>>(big, 900 * mib / 4, 77);
-  check<<<1024, 256>>>(big, 900 * mib / 4, 77, bad);
-  check<<<256, 256>>>(keep, 64 * mib / 4, 5, bad);
+  fill_pattern<<<1024, 256>>>(big, 900 * mib / 4, 77);
+  check_pattern<<<1024, 256>>>(big, 900 * mib / 4, 77, bad);
+  check_pattern<<<256, 256>>>(keep, 64 * mib / 4, 5, bad);
   CHECK_CUDA(cudaDeviceSynchronize());
   void* huge = nullptr;
   const cudaError_t past = cudaMalloc(&huge, 2048 * mib);  // past the limit
@@ -39,9 +31,9 @@ int main() {
   unsigned* after;
   CHECK_CUDA(cudaFree(big));
   CHECK_CUDA(cudaMalloc(&after, 128 * mib));  // still serving
-  fill<<<256, 256>>>(after, 128 * mib / 4, 9);
-  check<<<256, 256>>>(after, 128 * mib / 4, 9, bad);
-  check<<<256, 256>>>(keep, 64 * mib / 4, 5, bad);
+  fill_pattern<<<256, 256>>>(after, 128 * mib / 4, 9);
+  check_pattern<<<256, 256>>>(after, 128 * mib / 4, 9, bad);
+  check_pattern<<<256, 256>>>(keep, 64 * mib / 4, 5, bad);
   unsigned long long h = 0;
   CHECK_CUDA(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
   std::printf("expand_trim: bad=%llu past_limit=%s\n", h, past == cudaErrorMemoryAllocation ? "oom" : cudaGetErrorName(past));

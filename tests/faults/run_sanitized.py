@@ -58,10 +58,14 @@ def main():
             if a.preload_first:
                 pre = a.preload_first + " " + pre
             env["LD_PRELOAD"] = pre
+        cmd = t["cmd"]
+        if a.cudalloc:
+            # Checks that take the library's path as an argument must see the one preloaded.
+            cmd = [re.sub(r"^\S*/libcudalloc\.so$", a.cudalloc, c) for c in cmd]
         timeout = (t.get("timeout") or 30) * a.timeout_multiplier
         start = time.monotonic()
         try:
-            r = subprocess.run(t["cmd"], env=env, cwd=t.get("workdir") or a.builddir, stdout=subprocess.PIPE,
+            r = subprocess.run(cmd, env=env, cwd=t.get("workdir") or a.builddir, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, timeout=timeout)
             rc, out = r.returncode, r.stdout.decode(errors="replace")
         except subprocess.TimeoutExpired as e:

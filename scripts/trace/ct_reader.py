@@ -81,6 +81,19 @@ def _int(text, name):
         raise ValueError("%s is not a number: %r" % (name, text)) from None
 
 
+# Device ordinals: -1 marks records that belong to no device (dropped-record counts). The bound
+# keeps a corrupt field from sizing per-device tables (a 2**64 ordinal made the snapshot export
+# build a list that long); CUDA numbers devices well below it.
+MAX_DEVICE = 1 << 16
+
+
+def _device(text):
+    d = _int(text, "device")
+    if not -1 <= d < MAX_DEVICE:
+        raise ValueError("device is not an ordinal: %r" % text)
+    return d
+
+
 def _hex(text, name):
     if not text.startswith("0x"):
         raise ValueError("%s is not a hex address: %r" % (name, text))
@@ -184,7 +197,7 @@ class Trace:
             raise ValueError("hit is not 0 or 1: %r" % v[10])
         return Record(
             ts_ns=_int(v[0], "ts_ns"), pid=_int(v[1], "pid"), tid=_int(v[2], "tid"),
-            device=_int(v[3], "device"), event=ev,
+            device=_device(v[3]), event=ev,
             stream=None if v[5] == "-" else _hex(v[5], "stream"),
             ptr=_hex(v[6], "ptr"), requested=_int(v[7], "requested"),
             rounded=_int(v[8], "rounded"), result=res, hit=v[10] == "1",

@@ -29,6 +29,7 @@ import io
 import os
 import pickle
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -195,10 +196,30 @@ def run_subprocess_checks(path, tmp, replay_bin):
     env = dict(os.environ)
     env.pop("CUDALLOC_TRACE_DEBUG", None)
     for c in cmds:
-        r = subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120)
+        r = subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120,
+                           preexec_fn=lift_memory_limit)
         err = r.stderr.decode(errors="replace")
         if r.returncode not in (0, 2) or "Traceback" in err or "internal error" in err or "PWNED" in err:
             raise Failure("%s: exit %d, stderr %s" % (" ".join(c[1:3]), r.returncode, err[-1500:]))
+
+
+# The readers run in this process under an address-space limit, so that an input which makes one
+# of them allocate without bound is a MemoryError, saved with its input like any other finding,
+# instead of the whole harness being killed by the kernel with nothing to reproduce it from.
+MEMORY_LIMIT = 4 << 30
+
+
+def limit_memory():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
+    if soft == resource.RLIM_INFINITY or soft > want:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+
+
+def lift_memory_limit():
+    # The subprocess checks include cudalloc-replay, whose simulated device reserves address space.
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
 
 
 def main():
@@ -211,6 +232,9 @@ def main():
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int(time.time())
     rng = random.Random(seed)
+    # Printed first: a run that dies anyway can be repeated with --seed.
+    print("fuzz_trace_readers: seed %d" % seed, flush=True)
+    limit_memory()
     cli = load_cli()
     pool = seeds()
     crash_dir = a.crash_dir or tempfile.mkdtemp(prefix="fuzz-trace-crashes-")

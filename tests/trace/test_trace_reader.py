@@ -99,6 +99,19 @@ class BadInput(unittest.TestCase):
     def test_bad_number_in_the_middle(self):
         self.check_bad(data("bad_field.csv"), "bad_field.csv:10:", "requested")
 
+    def test_device_out_of_range(self):
+        # A corrupt device field once made the snapshot export build a per-device list 2**64 long
+        # (found by tests/fuzz/fuzz_trace_readers.py; the CI runner killed it for memory).
+        lines = open(data("small.csv")).read().split("\n")
+        at = next(i for i, l in enumerate(lines) if l and l[0].isdigit())
+        fields = lines[at].split(",")
+        fields[3] = "18446744073709551615"
+        lines[at] = ",".join(fields)
+        p = os.path.join(TMP, "bad_device.csv")
+        with open(p, "w") as f:
+            f.write("\n".join(lines))
+        self.check_bad(p, "bad_device.csv:%d:" % (at + 1), "device is not an ordinal")
+
     def test_unwritable_output(self):
         rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o",
                            os.path.join(TMP, "no", "such", "dir.csv"))

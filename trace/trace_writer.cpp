@@ -1,5 +1,7 @@
 #include "trace/trace_writer.h"
 
+#include "trace/trace_lanes.h"
+
 #include <execinfo.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -17,6 +19,7 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <new>
 
 namespace cudalloc {
 
@@ -62,6 +65,9 @@ constexpr std::uint8_t kFlagHit = 2;
 constexpr std::size_t kBufferCapacity = std::size_t{1} << 20;
 constexpr std::size_t kMaxLine = 4096;  // a record's line is at most ~1.6 KB (64 frames)
 constexpr long kIdleWaitNs = 20 * 1000 * 1000;
+constexpr long kTricklePauseNs = 100 * 1000;  // a lane fills in >= ~1 ms at 16384 records
+constexpr std::size_t kBusyPass = 1024;        // records in a pass that mean "behind"
+constexpr std::uint64_t kReleaseBatch = 64;
 
 const char* result_name(std::uint8_t r) noexcept { return trace_result_name(static_cast<Status>(r)); }
 
@@ -99,49 +105,56 @@ struct Out {
 
 }  // namespace
 
-struct TraceRecord {
-  std::int64_t ts;
-  std::uint64_t ptr;
-  std::uint64_t stream;
-  std::uint64_t requested;
-  std::uint64_t rounded;
-  std::uint64_t allocated;
-  std::uint64_t reserved;
-  std::int32_t tid;
-  std::int32_t device;
-  std::uint32_t nvtx_id;  // with the id hooks; 0: none (or text in the nvtx buffer)
-  std::uint8_t kind;
-  std::uint8_t result;
-  std::uint8_t flags;
-  std::uint8_t nstack;
-  std::uint8_t nvtx_len;
-};
-
-struct TraceCell {
-  std::atomic<std::uint64_t> seq;
-  TraceRecord rec;
-};
-
 struct TraceWriter::Impl {
-  std::size_t capacity = 0;
-  std::size_t mask = 0;
+  explicit Impl(std::size_t capacity, std::size_t stack_depth, std::size_t nvtx_bytes)
+      : lanes(capacity, stack_depth, nvtx_bytes) {}
+  LaneSet lanes;
   std::size_t wake_mask = 0;
-  std::unique_ptr<TraceCell[]> cells;
-  std::unique_ptr<std::uintptr_t[]> pcs;  // capacity * stack_depth
-  std::unique_ptr<char[]> nvtx;           // capacity * kMaxNvtx
-  alignas(64) std::atomic<std::uint64_t> enqueue_pos{0};
-  alignas(64) std::atomic<std::uint64_t> dequeue_pos{0};
-  alignas(64) std::unique_ptr<char[]> buf;  // formatted lines not yet written
+  std::uint64_t id = 0;                       // tells this writer's lanes from an older writer's
+  std::atomic<std::uint64_t> lane_failures{0};  // records of a thread that got no lane
+  std::atomic<std::uint64_t> lane_failures_reported{0};
+  std::unique_ptr<char[]> buf;  // formatted lines not yet written
   std::size_t buf_len = 0;
   pthread_t thread{};
+  std::vector<std::uint64_t> cursor;  // drain_locked's per-lane positions (consumer only)
+  std::vector<std::uint64_t> limit;
+};
 
-  void reset_ring() noexcept {
-    for (std::size_t i = 0; i < capacity; ++i) cells[i].seq.store(i, std::memory_order_relaxed);
-    enqueue_pos.store(0, std::memory_order_relaxed);
-    dequeue_pos.store(0, std::memory_order_relaxed);
-    buf_len = 0;
+namespace {
+
+std::atomic<std::uint64_t> g_next_writer_id{1};
+
+// The calling thread's lane: raw pointers for the hot path (initial-exec TLS: no call, and no
+// dependency on the dynamic loader's __tls_get_addr), and a heap handle that owns the lane and
+// orphans it when the thread exits (a pthread key destructor: a thread_local with a destructor
+// would need a TLS guard variable, which is not initial-exec).
+__attribute__((tls_model("initial-exec"))) thread_local std::uint64_t t_lane_writer = 0;
+__attribute__((tls_model("initial-exec"))) thread_local TraceLane* t_lane = nullptr;
+
+struct LaneHandle {
+  std::shared_ptr<TraceLane> lane;
+  void reset(std::shared_ptr<TraceLane> next) noexcept {
+    if (lane) lane->state.store(TraceLane::kOrphaned, std::memory_order_release);
+    lane = std::move(next);
   }
 };
+__attribute__((tls_model("initial-exec"))) thread_local LaneHandle* t_lane_handle = nullptr;
+
+pthread_key_t g_lane_key;
+pthread_once_t g_lane_key_once = PTHREAD_ONCE_INIT;
+
+void lane_thread_exit(void* handle) noexcept {
+  t_lane = nullptr;
+  t_lane_writer = 0;
+  t_lane_handle = nullptr;
+  auto* h = static_cast<LaneHandle*>(handle);
+  h->reset(nullptr);
+  delete h;
+}
+
+void make_lane_key() noexcept { (void)pthread_key_create(&g_lane_key, &lane_thread_exit); }
+
+}  // namespace
 
 namespace {
 std::atomic<TraceWriter*> g_signal_writer{nullptr};
@@ -160,20 +173,29 @@ void TraceWriter::set_nvtx_id_hooks(NvtxIdHook current, NvtxTextHook text) noexc
   g_nvtx_id_hook.store(current, std::memory_order_release);
 }
 
-TraceWriter::TraceWriter(std::string base_path, const TraceOptions& options)
-    : base_path_(std::move(base_path)), options_(options), impl_(std::make_unique<Impl>()) {
-  if (options_.stack_depth > kMaxStackDepth) options_.stack_depth = kMaxStackDepth;
+namespace {
+std::size_t lane_capacity(std::size_t wanted) noexcept {
   std::size_t cap = 2;
-  while (cap < options_.ring_capacity) cap <<= 1;
-  options_.ring_capacity = cap;
-  impl_->capacity = cap;
-  impl_->mask = cap - 1;
+  while (cap < wanted) cap <<= 1;
+  return cap;
+}
+}  // namespace
+
+TraceWriter::TraceWriter(std::string base_path, const TraceOptions& options)
+    : base_path_(std::move(base_path)),
+      options_(options),
+      impl_(std::make_unique<Impl>(
+          lane_capacity(options.ring_capacity),
+          options.stack_depth > kMaxStackDepth ? kMaxStackDepth : options.stack_depth,
+          options.nvtx ? kMaxNvtx : 0)) {
+  if (options_.stack_depth > kMaxStackDepth) options_.stack_depth = kMaxStackDepth;
+  options_.ring_capacity = lane_capacity(options_.ring_capacity);
+  const std::size_t cap = options_.ring_capacity;
   impl_->wake_mask = cap >= 16 ? cap / 4 - 1 : 0;
-  impl_->cells.reset(new TraceCell[cap]);
-  if (options_.stack_depth > 0) impl_->pcs.reset(new std::uintptr_t[cap * options_.stack_depth]);
-  if (options_.nvtx) impl_->nvtx.reset(new char[cap * kMaxNvtx]);
+  impl_->id = g_next_writer_id.fetch_add(1, std::memory_order_relaxed);
   impl_->buf.reset(new char[kBufferCapacity]);
-  impl_->reset_ring();
+  impl_->cursor.resize(LaneSet::kMaxLanes);
+  impl_->limit.resize(LaneSet::kMaxLanes);
   pid_ = static_cast<int>(::getpid());
 }
 
@@ -347,7 +369,6 @@ void TraceWriter::write_maps() noexcept {
 
 void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   if (disabled_.load(std::memory_order_relaxed)) return;
-  Impl& im = *impl_;
 
   // Gather what is expensive before claiming a slot.
   void* frames[kMaxStackDepth + 1];
@@ -371,26 +392,16 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   const std::int64_t ts = monotonic_ns() - g_origin_ns;
   const int tid = cached_tid(pid_);
 
-  // Vyukov bounded MPMC queue: claim a position, fill the cell, publish it.
-  std::uint64_t pos = im.enqueue_pos.load(std::memory_order_relaxed);
-  TraceCell* cell;
-  for (;;) {
-    cell = &im.cells[pos & im.mask];
-    std::uint64_t seq = cell->seq.load(std::memory_order_acquire);
-    auto dif = static_cast<std::int64_t>(seq - pos);
-    if (dif == 0) {
-      if (im.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
-    } else if (dif < 0) {
-      dropped_pending_.fetch_add(1, std::memory_order_relaxed);
-      dropped_total_.fetch_add(1, std::memory_order_relaxed);
-      if (writer_sleeping_.load(std::memory_order_relaxed) != 0) futex_wake(&writer_sleeping_);
-      if (thread_state_.load(std::memory_order_relaxed) == 0) start_thread();
-      return;
-    } else {
-      pos = im.enqueue_pos.load(std::memory_order_relaxed);
-    }
+  TraceLane* lane = t_lane;
+  if (t_lane_writer != impl_->id) lane = attach_lane();
+  const std::size_t slot = lane != nullptr ? lane->try_claim() : TraceLane::kFull;
+  if (slot == TraceLane::kFull) {
+    if (lane == nullptr) impl_->lane_failures.fetch_add(1, std::memory_order_relaxed);
+    if (writer_sleeping_.load(std::memory_order_relaxed) != 0) futex_wake(&writer_sleeping_);
+    if (thread_state_.load(std::memory_order_relaxed) == 0) start_thread();
+    return;
   }
-  TraceRecord& r = cell->rec;
+  TraceRecord& r = lane->record(slot);
   r.ts = ts;
   r.ptr = e.ptr;
   r.stream = e.stream;
@@ -406,18 +417,36 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   r.flags = static_cast<std::uint8_t>((e.async ? kFlagAsync : 0) | (e.cache_hit ? kFlagHit : 0));
   r.nstack = static_cast<std::uint8_t>(nframes);
   r.nvtx_len = static_cast<std::uint8_t>(nv_len);
-  const std::size_t slot = pos & im.mask;
   if (nframes > 0) {
-    std::uintptr_t* dst = &im.pcs[slot * depth];
+    std::uintptr_t* dst = lane->pcs(slot);
     for (int i = 0; i < nframes; ++i) dst[i] = reinterpret_cast<std::uintptr_t>(frames[i + 1]);
   }
-  if (nv_len > 0) std::memcpy(&im.nvtx[slot * kMaxNvtx], nv, nv_len);
-  cell->seq.store(pos + 1, std::memory_order_release);
+  if (nv_len > 0) std::memcpy(lane->nvtx(slot), nv, nv_len);
+  const std::uint64_t pos = lane->publish();
 
-  if ((pos & im.wake_mask) == 0 && writer_sleeping_.load(std::memory_order_relaxed) != 0) {
+  if ((pos & impl_->wake_mask) == 0 && writer_sleeping_.load(std::memory_order_relaxed) != 0) {
     futex_wake(&writer_sleeping_);
   }
   if (thread_state_.load(std::memory_order_relaxed) == 0) start_thread();
+}
+
+// The calling thread's first record for this writer (or its first since it recorded for
+// another one): take a lane. Once per thread, off the hot path.
+TraceLane* TraceWriter::attach_lane() noexcept {
+  if (t_lane_handle == nullptr) {
+    (void)pthread_once(&g_lane_key_once, &make_lane_key);
+    auto* handle = new (std::nothrow) LaneHandle;
+    if (handle == nullptr) return nullptr;
+    t_lane_handle = handle;
+    (void)pthread_setspecific(g_lane_key, handle);
+  }
+  std::shared_ptr<TraceLane> lane = impl_->lanes.acquire();
+  if (!lane) return nullptr;
+  TraceLane* raw = lane.get();
+  t_lane_handle->reset(std::move(lane));
+  t_lane = raw;
+  t_lane_writer = impl_->id;
+  return raw;
 }
 
 // Consumer side. One drainer at a time (the writer thread, flush(), or a signal handler).
@@ -438,110 +467,180 @@ void TraceWriter::unlock_consumer() noexcept {
   consumer_busy_.store(false, std::memory_order_release);
 }
 
-// Pops every published record, formats it into the buffer, writes the buffer when nearly full.
-// Returns whether anything was drained.
-bool TraceWriter::drain_locked(bool /*from_signal*/) noexcept {
+namespace {
+
+void line_prefix(Out& o, std::int64_t ts, int pid, int tid, int device) noexcept {
+  o.i64(ts);
+  o.ch(',');
+  o.i64(pid);
+  o.ch(',');
+  o.i64(tid);
+  o.ch(',');
+  o.i64(device);
+  o.ch(',');
+}
+
+// Formats one record as a line at `o`.
+void format_record(Out& o, int pid, std::size_t depth, const TraceRecord& r,
+                   const std::uintptr_t* pcs, const char* nvtx_text) noexcept {
+  line_prefix(o, r.ts, pid, r.tid, r.device);
+  o.str(to_string(static_cast<EventKind>(r.kind)));
+  o.ch(',');
+  if (r.stream == kNoStream) o.ch('-');
+  else o.hex(r.stream);
+  o.ch(',');
+  o.hex(r.ptr);
+  o.ch(',');
+  o.u64(r.requested);
+  o.ch(',');
+  o.u64(r.rounded);
+  o.ch(',');
+  o.str(result_name(r.result));
+  o.ch(',');
+  o.ch((r.flags & kFlagHit) != 0 ? '1' : '0');
+  o.ch(',');
+  o.u64(r.allocated);
+  o.ch(',');
+  o.u64(r.reserved);
+  o.ch(',');
+  bool sep = false;
+  if ((r.flags & kFlagAsync) != 0) {
+    o.str("async=1");
+    sep = true;
+  }
+  const char* s = nullptr;
+  std::size_t nv_len = 0;
+  if (r.nvtx_id != 0) {
+    if (NvtxTextHook text = g_nvtx_text_hook.load(std::memory_order_acquire)) {
+      nv_len = text(r.nvtx_id, &s);
+      if (s == nullptr) nv_len = 0;
+      if (nv_len > TraceWriter::kMaxNvtx) nv_len = TraceWriter::kMaxNvtx;
+    }
+  } else if (r.nvtx_len > 0) {
+    s = nvtx_text;
+    nv_len = r.nvtx_len;
+  }
+  if (nv_len > 0) {
+    if (sep) o.ch(';');
+    o.str("nvtx=");
+    for (std::size_t i = 0; i < nv_len; ++i) {
+      unsigned char c = static_cast<unsigned char>(s[i]);
+      // Keep the record one line of comma-separated fields.
+      o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : static_cast<char>(c));
+    }
+    sep = true;
+  }
+  if (r.nstack > 0 && depth > 0) {
+    if (sep) o.ch(';');
+    o.str("stack=");
+    for (std::size_t i = 0; i < r.nstack && i < depth; ++i) {
+      if (i > 0) o.ch('/');
+      o.hex(pcs[i]);
+    }
+  }
+  o.ch('\n');
+}
+
+}  // namespace
+
+// Takes the published records of every lane and writes them merged by timestamp, then one
+// `dropped` record for what the lanes dropped meanwhile. Returns whether anything was written.
+//
+// Order: a pass takes only records stamped before `cutoff`, a time read before any lane's head.
+// If record X on one thread made record Y on another possible (a free, then the allocation that
+// reuses the block), X was published before Y was stamped. So if Y is taken, X was published
+// before the cutoff, hence before its lane's head was read, and is taken too; merged by time, it
+// comes first. flush(), finish() and the signal handler take everything (final_pass).
+std::size_t TraceWriter::drain_locked(bool final_pass) noexcept {
   Impl& im = *impl_;
-  bool any = false;
-  const std::size_t depth = options_.stack_depth;
+  std::size_t taken = 0;
   auto room = [&]() {
     if (im.buf_len + kMaxLine > kBufferCapacity) flush_buffer();
   };
-  auto line_prefix = [&](Out& o, std::int64_t ts, int tid, int device) {
-    o.i64(ts);
-    o.ch(',');
-    o.i64(pid_);
-    o.ch(',');
-    o.i64(tid);
-    o.ch(',');
-    o.i64(device);
-    o.ch(',');
-  };
+  const std::int64_t cutoff =
+      final_pass ? INT64_MAX : monotonic_ns() - g_origin_ns;
+  const std::size_t n = im.lanes.count();
+  // The vectors are sized up front (reserve in the constructor) so this never allocates in a
+  // signal handler; lanes beyond their size are taken on the next pass.
+  const std::size_t lanes = n < im.cursor.size() ? n : im.cursor.size();
+  for (std::size_t i = 0; i < lanes; ++i) {
+    TraceLane* lane = im.lanes.at(i);
+    im.cursor[i] = lane->tail();
+    im.limit[i] = lane->head();
+  }
   for (;;) {
-    for (;;) {
-      std::uint64_t pos = im.dequeue_pos.load(std::memory_order_relaxed);
-      TraceCell& cell = im.cells[pos & im.mask];
-      std::uint64_t seq = cell.seq.load(std::memory_order_acquire);
-      if (static_cast<std::int64_t>(seq - (pos + 1)) < 0) break;  // empty (or not yet published)
-      im.dequeue_pos.store(pos + 1, std::memory_order_relaxed);
-      const TraceRecord& r = cell.rec;
-      const std::size_t slot = pos & im.mask;
-      room();
-      Out o{im.buf.get() + im.buf_len};
-      line_prefix(o, r.ts, r.tid, r.device);
-      o.str(to_string(static_cast<EventKind>(r.kind)));
-      o.ch(',');
-      if (r.stream == kNoStream) o.ch('-');
-      else o.hex(r.stream);
-      o.ch(',');
-      o.hex(r.ptr);
-      o.ch(',');
-      o.u64(r.requested);
-      o.ch(',');
-      o.u64(r.rounded);
-      o.ch(',');
-      o.str(result_name(r.result));
-      o.ch(',');
-      o.ch((r.flags & kFlagHit) != 0 ? '1' : '0');
-      o.ch(',');
-      o.u64(r.allocated);
-      o.ch(',');
-      o.u64(r.reserved);
-      o.ch(',');
-      bool sep = false;
-      if ((r.flags & kFlagAsync) != 0) {
-        o.str("async=1");
-        sep = true;
+    // The lane whose next record is the oldest. A handful of lanes: a scan beats a heap.
+    std::size_t best = lanes;
+    std::int64_t best_ts = cutoff;
+    for (std::size_t i = 0; i < lanes; ++i) {
+      if (im.cursor[i] == im.limit[i]) continue;
+      TraceLane* lane = im.lanes.at(i);
+      const std::int64_t ts = lane->record(lane->slot(im.cursor[i])).ts;
+      if (ts < best_ts) {
+        best = i;
+        best_ts = ts;
       }
-      const char* s = nullptr;
-      std::size_t nv_len = 0;
-      if (r.nvtx_id != 0) {
-        if (NvtxTextHook text = g_nvtx_text_hook.load(std::memory_order_acquire)) {
-          nv_len = text(r.nvtx_id, &s);
-          if (s == nullptr) nv_len = 0;
-          if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
-        }
-      } else if (r.nvtx_len > 0) {
-        s = &im.nvtx[slot * kMaxNvtx];
-        nv_len = r.nvtx_len;
-      }
-      if (nv_len > 0) {
-        if (sep) o.ch(';');
-        o.str("nvtx=");
-        for (std::size_t i = 0; i < nv_len; ++i) {
-          unsigned char c = static_cast<unsigned char>(s[i]);
-          // Keep the record one line of comma-separated fields.
-          o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : static_cast<char>(c));
-        }
-        sep = true;
-      }
-      if (r.nstack > 0 && depth > 0) {
-        if (sep) o.ch(';');
-        o.str("stack=");
-        const std::uintptr_t* pcs = &im.pcs[slot * depth];
-        for (std::size_t i = 0; i < r.nstack && i < depth; ++i) {
-          if (i > 0) o.ch('/');
-          o.hex(pcs[i]);
-        }
-      }
-      o.ch('\n');
-      im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
-      cell.seq.store(pos + im.mask + 1, std::memory_order_release);
-      written_total_.fetch_add(1, std::memory_order_relaxed);
-      any = true;
     }
-    std::uint64_t lost = dropped_pending_.exchange(0, std::memory_order_relaxed);
-    if (lost == 0) break;
+    if (best == lanes) break;
+    TraceLane* lane = im.lanes.at(best);
+    const std::size_t slot = lane->slot(im.cursor[best]);
     room();
     Out o{im.buf.get() + im.buf_len};
-    line_prefix(o, monotonic_ns() - g_origin_ns, 0, -1);
+    format_record(o, pid_, options_.stack_depth, lane->record(slot), lane->pcs(slot),
+                  lane->nvtx(slot));
+    im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
+    // The producer reads the tail only when its lane looks full: hand space back in batches,
+    // so that line does not move between the cores on every record.
+    if ((++im.cursor[best] & (kReleaseBatch - 1)) == 0) lane->release_until(im.cursor[best]);
+    ++taken;
+  }
+  for (std::size_t i = 0; i < lanes; ++i) im.lanes.at(i)->release_until(im.cursor[i]);
+  written_total_.fetch_add(taken, std::memory_order_relaxed);
+  std::uint64_t lost = 0;
+  for (std::size_t i = 0; i < lanes; ++i) {
+    TraceLane* lane = im.lanes.at(i);
+    lost += lane->take_new_drops();
+    // A lane whose thread exited is free for the next thread once nothing of it is left.
+    int orphaned = TraceLane::kOrphaned;
+    if (lane->state.load(std::memory_order_acquire) == orphaned &&
+        lane->tail() == lane->head()) {
+      lane->state.compare_exchange_strong(orphaned, TraceLane::kFree, std::memory_order_acq_rel);
+    }
+  }
+  const std::uint64_t failures = im.lane_failures.load(std::memory_order_relaxed);
+  lost += failures - im.lane_failures_reported.load(std::memory_order_relaxed);
+  im.lane_failures_reported.store(failures, std::memory_order_relaxed);
+  if (lost != 0) {
+    room();
+    Out o{im.buf.get() + im.buf_len};
+    line_prefix(o, monotonic_ns() - g_origin_ns, pid_, 0, -1);
     o.str("dropped,-,0x0,0,0,ok,0,0,0,count=");
     o.u64(lost);
     o.ch('\n');
     im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
-    any = true;
   }
-  return any;
+  return taken;
+}
+
+// Whether a drain would find anything (the writer thread's check before it sleeps).
+bool TraceWriter::work_pending() const noexcept {
+  const Impl& im = *impl_;
+  const std::size_t n = im.lanes.count();
+  for (std::size_t i = 0; i < n; ++i) {
+    const TraceLane* lane = im.lanes.at(i);
+    if (lane->head() != lane->tail()) return true;
+  }
+  return im.lane_failures.load(std::memory_order_relaxed) !=
+         im.lane_failures_reported.load(std::memory_order_relaxed);
+}
+
+std::size_t TraceWriter::lanes_for_testing() const noexcept { return impl_->lanes.count(); }
+
+std::uint64_t TraceWriter::dropped_total() const noexcept {
+  const Impl& im = *impl_;
+  std::uint64_t n = im.lane_failures.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < im.lanes.count(); ++i) n += im.lanes.at(i)->dropped_ever();
+  return n;
 }
 
 void* TraceWriter::thread_entry(void* self) noexcept {
@@ -551,17 +650,23 @@ void* TraceWriter::thread_entry(void* self) noexcept {
 
 void TraceWriter::thread_main() noexcept {
   while (!stop_.load(std::memory_order_acquire)) {
+    std::size_t taken = 0;
     if (!paused_.load(std::memory_order_relaxed) && lock_consumer(false)) {
-      drain_locked(false);
+      taken = drain_locked(false);
       flush_buffer();
       unlock_consumer();
     }
+    if (taken >= kBusyPass) continue;  // behind: keep going
+    if (taken > 0 && !paused_.load(std::memory_order_relaxed)) {
+      // A trickle: let the records build up and take them in one pass. Reading lines a thread
+      // has just written, record by record, would bounce them between the two cores and slow
+      // down the allocating thread.
+      sleep_ns(kTricklePauseNs);
+      continue;
+    }
     writer_sleeping_.store(1, std::memory_order_seq_cst);
     // Re-check after announcing sleep so a wake between the drain and here is not lost.
-    const std::uint64_t pos = impl_->dequeue_pos.load(std::memory_order_relaxed);
-    const bool pending =
-        impl_->cells[pos & impl_->mask].seq.load(std::memory_order_acquire) == pos + 1 ||
-        dropped_pending_.load(std::memory_order_relaxed) != 0;
+    const bool pending = work_pending();
     if ((!pending || paused_.load(std::memory_order_relaxed)) &&
         !stop_.load(std::memory_order_acquire)) {
       futex_wait(&writer_sleeping_, 1, kIdleWaitNs);
@@ -595,7 +700,7 @@ void TraceWriter::stop_thread() noexcept {
 void TraceWriter::flush() noexcept {
   if (fd_ < 0 || static_cast<int>(::getpid()) != pid_) return;  // a child that kept our copy
   if (!lock_consumer(false)) return;
-  drain_locked(false);
+  drain_locked(true);
   flush_buffer();
   if (options_.stack_depth > 0) write_maps();  // libraries loaded since open()
   unlock_consumer();
@@ -619,7 +724,7 @@ void TraceWriter::finish() noexcept {
   if (fd_ < 0 || static_cast<int>(::getpid()) != pid_) return;
   if (finished_.exchange(true)) return;
   if (!lock_consumer(false)) return;
-  drain_locked(false);
+  drain_locked(true);
   flush_buffer();
   if (options_.stack_depth > 0) write_maps();
   char end[128];
@@ -627,7 +732,7 @@ void TraceWriter::finish() noexcept {
   o.str("# end records=");
   o.u64(written_total_.load());
   o.str(" dropped=");
-  o.u64(dropped_total_.load());
+  o.u64(dropped_total());
   o.ch('\n');
   write_out(end, static_cast<std::size_t>(o.p - end));
   unlock_consumer();
@@ -639,10 +744,18 @@ void TraceWriter::after_fork_child() noexcept {
   stop_.store(false);
   consumer_busy_.store(false);
   writer_sleeping_.store(0);
-  dropped_pending_.store(0);
-  dropped_total_.store(0);
   written_total_.store(0);
-  impl_->reset_ring();
+  // Every lane but this thread's belonged to a thread that does not exist here.
+  for (std::size_t i = 0; i < impl_->lanes.count(); ++i) {
+    TraceLane* lane = impl_->lanes.at(i);
+    lane->discard_all();
+    if (lane != t_lane || t_lane_writer != impl_->id) {
+      lane->state.store(TraceLane::kOrphaned, std::memory_order_relaxed);
+    }
+  }
+  impl_->lane_failures.store(0);
+  impl_->lane_failures_reported.store(0);
+  impl_->buf_len = 0;
   finished_.store(false);
   if (fd_ >= 0) ::close(fd_);  // the parent's file (its lock stays with the parent)
   fd_ = -1;

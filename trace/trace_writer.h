@@ -1,11 +1,13 @@
 // The allocation trace writer (docs/trace-format.md, version 1).
 //
 // The allocator calls on_event() on the allocating thread, sometimes under its device lock. The
-// writer stamps the record (time, thread, optional native stack and NVTX range), pushes it into a
-// bounded lock-free ring and returns: no I/O, no lock, no allocation. A background thread, started
-// on the first record, drains the ring, formats the lines and writes them with write(2) in large
-// chunks. When the ring is full the record is dropped and counted; the count is written as a
-// `dropped` record, never lost silently.
+// writer stamps the record (time, thread, optional native stack and NVTX range), puts it in the
+// thread's own bounded lane (trace/trace_lanes.h) and returns: no I/O, no lock, no allocation,
+// and no cache line shared with another allocating thread (a thread's first record takes its
+// lane, once, under a mutex). A background thread, started on the first record, merges the
+// lanes by time, formats the lines and writes them with write(2) in large chunks. When a lane is
+// full the record is dropped and counted; the count is written as a `dropped` record, never lost
+// silently.
 //
 // Files: the first process to lock `path` writes it; any other process (a fork child, a second
 // process given the same path while the first still runs) writes `path.PID`. See open().
@@ -21,10 +23,14 @@
 
 namespace cudalloc {
 
+class TraceLane;
+
 struct TraceOptions {
   std::size_t stack_depth = 0;        // trace_stacks:N native frames per record (0: none; max 64)
   bool nvtx = false;                  // trace_nvtx: record the current NVTX range name
-  std::size_t ring_capacity = 65536;  // records held in memory; rounded up to a power of two
+  // Records held in memory per allocating thread (each has its own lane); rounded up to a power
+  // of two. 16384 records are about 1.3 MB a thread, without stacks.
+  std::size_t ring_capacity = 16384;
 };
 
 // Fills `out` (capacity bytes, not NUL-terminated) with the calling thread's current NVTX range
@@ -89,10 +95,12 @@ class TraceWriter final : public AllocatorObserver {
 
   // The file actually written (`path` or `path.PID`).
   const std::string& file_path() const { return file_path_; }
-  // Records lost to a full ring so far (all reported, or to be reported, in `dropped` records).
-  std::uint64_t dropped_total() const { return dropped_total_.load(std::memory_order_relaxed); }
+  // Records lost to a full lane so far (all reported, or to be reported, in `dropped` records).
+  std::uint64_t dropped_total() const noexcept;
   std::uint64_t written_total() const { return written_total_.load(std::memory_order_relaxed); }
 
+  // For tests: lanes created so far (one per thread recording at once, reused after exit).
+  std::size_t lanes_for_testing() const noexcept;
   // For tests: while paused, the background thread does not drain (flush() still does).
   void pause_writer_for_testing(bool paused) { paused_.store(paused); }
 
@@ -103,7 +111,9 @@ class TraceWriter final : public AllocatorObserver {
   bool open_file(bool allow_base, std::string* error);
   void start_thread() noexcept;
   void stop_thread() noexcept;
-  bool drain_locked(bool from_signal) noexcept;
+  std::size_t drain_locked(bool final_pass) noexcept;
+  bool work_pending() const noexcept;
+  TraceLane* attach_lane() noexcept;
   void write_header() noexcept;
   void write_maps() noexcept;
   void write_out(const char* data, std::size_t n) noexcept;
@@ -127,8 +137,6 @@ class TraceWriter final : public AllocatorObserver {
   std::atomic<bool> paused_{false};
   std::atomic<bool> consumer_busy_{false};
   std::atomic<std::uint32_t> writer_sleeping_{0};
-  std::atomic<std::uint64_t> dropped_pending_{0};
-  std::atomic<std::uint64_t> dropped_total_{0};
   std::atomic<bool> finished_{false};
   std::atomic<std::uint64_t> written_total_{0};
 };

@@ -9,15 +9,23 @@ void BlockPool::insert(Block* block) {
 }
 
 void BlockPool::erase(Block* block) {
-  if (blocks_.erase(block) != 0) bytes_ -= block->size;
+  // find() and erase(iterator): one descent (erase by key searches an equal_range).
+  auto it = blocks_.find(block);
+  if (it == blocks_.end()) return;
+  blocks_.erase(it);
+  bytes_ -= block->size;
 }
 
-Block* BlockPool::best_fit(StreamHandle stream, std::size_t size) const {
+BlockPool::Set::const_iterator BlockPool::lower_bound(StreamHandle stream, std::size_t size) const {
   Block key;
   key.stream = stream;
   key.size = size;
   key.ptr = 0;
-  auto it = blocks_.lower_bound(&key);
+  return blocks_.lower_bound(&key);
+}
+
+Block* BlockPool::best_fit(StreamHandle stream, std::size_t size) const {
+  auto it = lower_bound(stream, size);
   if (it == blocks_.end() || (*it)->stream != stream) return nullptr;
   return *it;
 }

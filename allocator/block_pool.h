@@ -18,6 +18,17 @@ class BlockPool {
 
   // The smallest free block of `stream` with size >= `size` (lowest address among equals).
   Block* best_fit(StreamHandle stream, std::size_t size) const;
+  // The same block, taken out of the pool if `accept(block)`, else null: one tree descent
+  // where best_fit() and erase() make three (erase by key is an equal_range).
+  template <typename Accept>
+  Block* take_best_fit(StreamHandle stream, std::size_t size, Accept&& accept) {
+    auto it = lower_bound(stream, size);
+    if (it == blocks_.end() || (*it)->stream != stream || !accept(*it)) return nullptr;
+    Block* b = *it;
+    blocks_.erase(it);
+    bytes_ -= b->size;
+    return b;
+  }
 
   void clear() {
     blocks_.clear();
@@ -41,7 +52,9 @@ class BlockPool {
       return a->ptr < b->ptr;
     }
   };
-  std::set<Block*, BySizeThenAddress> blocks_;
+  using Set = std::set<Block*, BySizeThenAddress>;
+  Set::const_iterator lower_bound(StreamHandle stream, std::size_t size) const;
+  Set blocks_;
   std::size_t bytes_ = 0;
 };
 

@@ -24,6 +24,10 @@ void FreeBlocks::erase(Block* b) {
     return;
   }
   pool(b->segment->pool).erase(b);
+  left_pool(b);
+}
+
+void FreeBlocks::left_pool(const Block* b) {
   if (b->is_split()) {
     sub_stat(stats_.inactive_split, b->segment->pool, 1);
     sub_stat(stats_.inactive_split_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
@@ -31,11 +35,11 @@ void FreeBlocks::erase(Block* b) {
 }
 
 Block* FreeBlocks::find(StreamHandle stream, std::size_t rounded, PoolKind kind) {
-  Block* b = pool(kind).best_fit(stream, rounded);
   // Candidates come in increasing size, so when the smallest fitting block breaks the
   // max_split_size rules every larger one does too.
-  if (b == nullptr || !sizes_.may_serve(b->size, rounded)) return nullptr;
-  erase(b);
+  Block* b = pool(kind).take_best_fit(
+      stream, rounded, [&](const Block* c) { return sizes_.may_serve(c->size, rounded); });
+  if (b != nullptr) left_pool(b);
   return b;
 }
 

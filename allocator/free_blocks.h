@@ -48,6 +48,8 @@ class FreeBlocks {
 
  private:
   BlockPool& pool(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
+  // The inactive-split statistics of a mapped block leaving its pool.
+  void left_pool(const Block* b);
 
   const SizeClasses& sizes_;
   MemoryStats& stats_;

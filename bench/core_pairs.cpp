@@ -1,12 +1,16 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
 //   core_pairs [--threads N] [--iters N]
+//   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
+//   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -30,11 +34,54 @@ static double run(DeviceAllocator& a, std::size_t size, FreeOrder order, StreamH
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
 }
 
+// The same steps as bench/pairs.cu's mix (same seed and sizes), so the two can be compared.
+static void mix(std::size_t max_live, FreeOrder order, int ops) {
+  SimBackend sim({.total_memory = std::size_t{1} << 40, .host_memory = false});
+  DeviceAllocator a(sim, AllocatorOptions{});
+  const StreamHandle stream = order == FreeOrder::kStream ? 0x100 : kNoStream;
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
+  std::vector<DevicePtr> live;
+  live.reserve(max_live);
+  auto step = [&] {
+    if (live.size() < max_live && (live.empty() || rng() % 2)) {
+      DevicePtr p = 0;
+      if (a.allocate(static_cast<std::size_t>(std::exp(logsize(rng))), stream, &p) != Status::kOk) std::abort();
+      live.push_back(p);
+    } else {
+      std::size_t i = rng() % live.size();
+      a.free(live[i], order, stream);
+      live[i] = live.back();
+      live.pop_back();
+    }
+  };
+  for (std::size_t i = 0; i < 2 * max_live; ++i) step();  // fill
+  std::vector<double> ns(static_cast<std::size_t>(ops));
+  for (double& v : ns) {
+    const auto t0 = Clock::now();
+    step();
+    v = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  }
+  std::sort(ns.begin(), ns.end());
+  std::printf("core mix live=%zu async=%d median_ns=%.0f p99_ns=%.0f\n", max_live,
+              order == FreeOrder::kStream ? 1 : 0, ns[ns.size() / 2], ns[ns.size() * 99 / 100]);
+  for (DevicePtr p : live) a.free(p, order, stream);
+}
+
 int main(int argc, char** argv) {
   int threads = 1, iters = 2000000;
+  std::size_t live = 0;
+  const char* only = nullptr;  // --only device|stream: one free order of the mix
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--only")) only = argv[++i];
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
+  }
+  if (live > 0) {
+    if (only == nullptr || !std::strcmp(only, "device")) mix(live, FreeOrder::kDevice, iters);
+    if (only == nullptr || !std::strcmp(only, "stream")) mix(live, FreeOrder::kStream, iters);
+    return 0;
   }
   SimBackend sim({.host_memory = false});
   DeviceAllocator a(sim, AllocatorOptions{});

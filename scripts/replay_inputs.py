@@ -105,14 +105,19 @@ def _stream_text(value):
 
 
 def _hex(text):
+    """An address or stream: 0x-prefixed hex, bare hex with a letter, or decimal; 64 bits at most."""
     text = text.strip()
     if text.lower().startswith("0x"):
-        return int(text[2:], 16)
-    if text in ("", "-"):
+        value = int(text[2:], 16)
+    elif text in ("", "-"):
         raise ValueError("empty")
-    if re.fullmatch(r"[0-9a-fA-F]+", text) and re.search(r"[a-fA-F]", text):
-        return int(text, 16)
-    return int(text, 10)
+    elif re.fullmatch(r"[0-9a-fA-F]+", text) and re.search(r"[a-fA-F]", text):
+        value = int(text, 16)
+    else:
+        value = int(text, 10)
+    if value >= 1 << 64:
+        raise ValueError("does not fit 64 bits")
+    return value
 
 
 def _complete_lines(data, name, notes):

@@ -74,11 +74,19 @@ def _parse_extra(text):
     return out
 
 
+# Every numeric field is written from a 64-bit integer; a longer one is corrupt (and an integer
+# of thousands of digits cannot even be printed back in decimal by the exporters).
+U64_LIMIT = 1 << 64
+
+
 def _int(text, name):
     try:
-        return int(text, 10)
+        value = int(text, 10)
     except ValueError:
-        raise ValueError("%s is not a number: %r" % (name, text)) from None
+        raise ValueError("%s is not a number: %r" % (name, text[:40])) from None
+    if not -U64_LIMIT < value < U64_LIMIT:
+        raise ValueError("%s does not fit 64 bits: %r" % (name, text[:40]))
+    return value
 
 
 # Device ordinals: -1 marks records that belong to no device (dropped-record counts). The bound
@@ -98,9 +106,12 @@ def _hex(text, name):
     if not text.startswith("0x"):
         raise ValueError("%s is not a hex address: %r" % (name, text))
     try:
-        return int(text, 16)
+        value = int(text, 16)
     except ValueError:
-        raise ValueError("%s is not a hex address: %r" % (name, text)) from None
+        raise ValueError("%s is not a hex address: %r" % (name, text[:40])) from None
+    if value >= U64_LIMIT:
+        raise ValueError("%s does not fit 64 bits: %r" % (name, text[:40]))
+    return value
 
 
 class Trace:

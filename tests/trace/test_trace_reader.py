@@ -57,7 +57,8 @@ class BadInput(unittest.TestCase):
         for cmd in (["summary", path], ["export", path, "--format", "chrome", "-o",
                                          os.path.join(TMP, "x.json")],
                     ["export", path, "--format", "torch-snapshot", "-o",
-                     os.path.join(TMP, "x.pickle")]):
+                     os.path.join(TMP, "x.pickle")],
+                    ["export", path, "--format", "rmm", "-o", os.path.join(TMP, "x.rmm.csv")]):
             rc, out, err = run(*cmd)
             self.assertEqual(rc, 2, (cmd, out, err))
             self.assertNotIn("Traceback", err)
@@ -99,18 +100,31 @@ class BadInput(unittest.TestCase):
     def test_bad_number_in_the_middle(self):
         self.check_bad(data("bad_field.csv"), "bad_field.csv:10:", "requested")
 
-    def test_device_out_of_range(self):
-        # A corrupt device field once made the snapshot export build a per-device list 2**64 long
-        # (found by tests/fuzz/fuzz_trace_readers.py; the CI runner killed it for memory).
+    def small_with_field(self, name, column, value):
+        """small.csv with one field of its first record replaced; returns (path, line number)."""
         lines = open(data("small.csv")).read().split("\n")
         at = next(i for i, l in enumerate(lines) if l and l[0].isdigit())
         fields = lines[at].split(",")
-        fields[3] = "18446744073709551615"
+        fields[column] = value
         lines[at] = ",".join(fields)
-        p = os.path.join(TMP, "bad_device.csv")
+        p = os.path.join(TMP, name)
         with open(p, "w") as f:
             f.write("\n".join(lines))
-        self.check_bad(p, "bad_device.csv:%d:" % (at + 1), "device is not an ordinal")
+        return p, at + 1
+
+    def test_device_out_of_range(self):
+        # A corrupt device field once made the snapshot export build a per-device list 2**64 long
+        # (found by tests/fuzz/fuzz_trace_readers.py; the CI runner killed it for memory).
+        p, lineno = self.small_with_field("bad_device.csv", 3, "18446744073709551615")
+        self.check_bad(p, "bad_device.csv:%d:" % lineno, "device is not an ordinal")
+
+    def test_numbers_past_64_bits(self):
+        # A 5,000-digit hex pointer parsed, then the RMM export could not print it in decimal
+        # (Python's 4,300-digit limit; found by the trace-reader fuzzer in CI).
+        p, lineno = self.small_with_field("huge_ptr.csv", 6, "0x" + "f" * 5000)
+        self.check_bad(p, "huge_ptr.csv:%d:" % lineno, "ptr does not fit 64 bits")
+        p, lineno = self.small_with_field("huge_size.csv", 7, "1" + "0" * 20)
+        self.check_bad(p, "huge_size.csv:%d:" % lineno, "requested does not fit 64 bits")
 
     def test_unwritable_output(self):
         rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o",

@@ -31,7 +31,7 @@ constexpr std::size_t kMaxQuoted = 64;
 constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache, max_pending_mb";
+    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache, max_pending_mb, single_stream";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -61,6 +61,7 @@ enum class Key : unsigned {
   kFreeEpochMb,
   kThreadCache,
   kMaxPendingMb,
+  kSingleStream,
   kCount,
 };
 
@@ -69,6 +70,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
     "free_sync",           "trace_stacks",                 "trace_nvtx",
     "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
+    "single_stream",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -394,7 +396,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
     case Key::kExpandableSegments:
     case Key::kFreeSync:
     case Key::kTraceNvtx:
-    case Key::kThreadCache: {
+    case Key::kThreadCache:
+    case Key::kSingleStream: {
       bool v = false;
       if (!parse_bool(value, v)) {
         return conf_error(key, value, "expected true or false (any case)");
@@ -405,6 +408,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
         c.free_sync = v;
       } else if (k == Key::kThreadCache) {
         c.allocator.thread_cache = v;
+      } else if (k == Key::kSingleStream) {
+        c.single_stream = v;
       } else {
         c.trace_nvtx = v;
       }
@@ -742,6 +747,8 @@ std::string describe(const Config& config) {
     s += a.memory_limit_bytes == 0 ? "none" : format_mb(a.memory_limit_bytes);
     s += " free_sync=";
     s += config.free_sync ? "true" : "false";
+    s += " single_stream=";
+    s += config.single_stream ? "true" : "false";
     s += " trace_stacks=" + std::to_string(config.trace_stacks);
     s += " trace_nvtx=";
     s += config.trace_nvtx ? "true" : "false";

@@ -29,20 +29,28 @@ ContextState* ContextRegistry::current() {
 ContextState* ContextRegistry::get(CUcontext ctx) {
   if (ctx == nullptr) return nullptr;
   if (ContextState* s = find(ctx)) return s;
-  std::lock_guard lock(mutex_);
-  if (ContextState* s = find(ctx)) return s;
-  CUdevice dev = 0;
+  ContextState* state = nullptr;
+  bool several = false;
   {
-    CurrentContext current(ctx);
-    if (driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+    std::lock_guard lock(mutex_);
+    if (ContextState* s = find(ctx)) return s;
+    CUdevice dev = 0;
+    {
+      CurrentContext current(ctx);
+      if (driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+    }
+    // Never freed: other threads may still hold it, and nothing is given back at exit.
+    state = new ContextState(ctx, dev, options_, captures_);
+    state->allocator.set_observer(allocator_observer());
+    auto* next = new std::vector<ContextState*>(live());
+    next->push_back(state);
+    several = next->size() > 1;
+    snapshot_.store(next, std::memory_order_release);
+    log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
   }
-  // Never freed: other threads may still hold it, and nothing is given back at exit.
-  auto* state = new ContextState(ctx, dev, options_, captures_);
-  state->allocator.set_observer(allocator_observer());
-  auto* next = new std::vector<ContextState*>(live());
-  next->push_back(state);
-  snapshot_.store(next, std::memory_order_release);
-  log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
+  // Work of two contexts is not ordered on one legacy stream (and with peer access a block
+  // may be used from the other).
+  if (several) single_stream_.leave(*this, "a second context");
   return state;
 }
 

@@ -10,6 +10,7 @@
 #include "shim/capture.h"
 #include "shim/cuda_api.h"
 #include "shim/driver_backend.h"
+#include "shim/single_stream.h"
 
 namespace cudalloc::shim {
 
@@ -23,8 +24,8 @@ struct ContextState {
 
 class ContextRegistry {
  public:
-  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures)
-      : options_(options), captures_(captures) {}
+  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
+      : options_(options), captures_(captures), single_stream_(single_stream) {}
 
   // The state of the calling thread's current context; null when there is none.
   ContextState* current();
@@ -42,6 +43,7 @@ class ContextRegistry {
  private:
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
+  SingleStreamMode& single_stream_;  // ends when a second context is in use
   std::mutex mutex_;  // writers
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const std::vector<ContextState*>*> snapshot_{new std::vector<ContextState*>};

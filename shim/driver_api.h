@@ -46,6 +46,7 @@ namespace cudalloc::shim {
   X(cuEventRecord, CUresult(CUevent, CUstream))                                                \
   X(cuEventQuery, CUresult(CUevent))                                                           \
   X(cuEventSynchronize, CUresult(CUevent))                                                     \
+  X(cuStreamWaitEvent, CUresult(CUstream, CUevent, unsigned int))                              \
   X(cuStreamCreate, CUresult(CUstream*, unsigned int))                                         \
   X(cuStreamCreateWithPriority, CUresult(CUstream*, unsigned int, int))                        \
   X(cuStreamDestroy, CUresult(CUstream))                                                       \

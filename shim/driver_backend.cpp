@@ -191,6 +191,37 @@ void DriverBackend::add_stream(StreamInfo* s) {
   }
 }
 
+void DriverBackend::end_ordered_era() {
+  if (dead()) return;
+  CurrentContext current(ctx_);
+  CUevent e = take_event();
+  if (e != nullptr && driver().cuEventRecord(e, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
+    std::lock_guard lock(mutex_);
+    ordered_era_end_ = e;
+    return;
+  }
+  give_event(e);
+  // No event: the host waits for the ordered era's work instead, once.
+  log_warn("single_stream: no event could be recorded on the legacy stream; synchronizing it");
+  if (driver().cuStreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) driver().cuCtxSynchronize();
+}
+
+void DriverBackend::follow_ordered_era(StreamInfo* s) {
+  if (s->kind != StreamInfo::Kind::kCreated || !s->non_blocking || s->ctx != ctx_) return;
+  CUevent e = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_) return;
+    e = ordered_era_end_;
+  }
+  if (e == nullptr) return;
+  CurrentContext current(ctx_);
+  if (driver().cuStreamWaitEvent(s->handle, e, 0) != CUDA_SUCCESS) {
+    log_warn("single_stream: a new non-blocking stream could not wait for the legacy stream; the host waits");
+    driver().cuEventSynchronize(e);
+  }
+}
+
 void DriverBackend::remove_stream(StreamInfo* s) {
   {
     std::lock_guard lock(mutex_);

@@ -42,6 +42,10 @@ class DriverBackend final : public SegmentBackend {
   void add_stream(StreamInfo* s);
   // Called before the stream is destroyed: remembers an event after its last work.
   void remove_stream(StreamInfo* s);
+  // single_stream's end (single_stream.h): an event on the legacy stream behind the work
+  // queued so far, which non-blocking streams then wait for (follow_ordered_era).
+  void end_ordered_era();
+  void follow_ordered_era(StreamInfo* s);
   // The context is gone: no driver call on its objects any more.
   void mark_dead();
   bool dead() const;
@@ -64,6 +68,7 @@ class DriverBackend final : public SegmentBackend {
   bool dead_ = false;
   std::vector<CUevent> free_events_;
   std::vector<StreamInfo*> non_blocking_;
+  CUevent ordered_era_end_ = nullptr;  // kept for the context's life; null: none, or waited for
   std::vector<std::shared_ptr<Tail>> tails_;
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
   // Segments given back while a capture was on (cuMemFree would break a global capture).

@@ -50,6 +50,9 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
       driver().cuCtxSynchronize();
     }
     st = owner.allocator.free(p, FreeOrder::kCompleted);
+  } else if (ps.single_stream.active()) {
+    // Ordered on the legacy stream, where all the program's work runs (single_stream.h).
+    st = owner.allocator.free(p, FreeOrder::kStream, key_of(ps.streams.legacy()), false);
   } else {
     st = owner.allocator.free(p, FreeOrder::kDevice);
   }

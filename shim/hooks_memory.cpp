@@ -47,7 +47,18 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;  // the driver's answers
   ContextState* s = ps->contexts.current();
   if (s == nullptr) return d.cuMemAlloc_v2(dptr, bytes);  // no context: the driver's own error
-  return allocate(*s, dptr, bytes, kNoStream, false);
+  // single_stream: the block belongs to the legacy stream, whose order makes its reuse safe.
+  const StreamHandle stream = ps->single_stream.active() ? key_of(ps->streams.legacy()) : kNoStream;
+  return allocate(*s, dptr, bytes, stream, false);
+}
+
+// A stream other than the legacy one ends single_stream; one met for the first time (made
+// by a path cudalloc does not wrap) learns what the backend and single_stream need of it.
+void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
+  if (learnt) s.backend.add_stream(si);
+  if (si->kind != StreamInfo::Kind::kLegacy && (learnt || ps.single_stream.active())) {
+    ps.single_stream.stream_seen(ps.contexts, s, si, learnt ? "an unknown stream" : "a stream other than the legacy one");
+  }
 }
 
 CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
@@ -65,7 +76,7 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, 
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
   ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : ps->contexts.current();
   if (s == nullptr) return real(dptr, bytes, stream);
-  if (learnt) s->backend.add_stream(si);
+  stream_used(*ps, *s, si, learnt);
   // On a capturing stream the driver makes a graph memory node; that pointer is not ours.
   if (ps->captures.any() && ps->captures.capturing(si)) return real(dptr, bytes, stream);
   return allocate(*s, dptr, bytes, key_of(si), true);
@@ -86,9 +97,8 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
-  if (learnt && si->kind == StreamInfo::Kind::kCreated) {
-    if (ContextState* sc = ps->contexts.get(si->ctx)) sc->backend.add_stream(si);
-  }
+  ContextState* sc = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : owner;
+  if (sc != nullptr) stream_used(*ps, *sc, si, learnt);
   return free_owned(*ps, *owner, ptr, true, si, false);
 }
 

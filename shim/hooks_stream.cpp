@@ -15,8 +15,9 @@ CUresult stream_created(CUresult r, CUstream* stream, unsigned flags) {
   CUcontext ctx = nullptr;
   driver().cuCtxGetCurrent(&ctx);
   StreamInfo* si = ps->streams.created(*stream, ctx, flags);
-  if (si->non_blocking) {
-    if (ContextState* s = ps->contexts.get(ctx)) s->backend.add_stream(si);
+  if (ContextState* s = ps->contexts.get(ctx)) {
+    s->backend.add_stream(si);
+    ps->single_stream.stream_seen(ps->contexts, *s, si, "a stream was created");
   }
   return r;
 }
@@ -37,6 +38,7 @@ CUresult begin_capture(CUstream stream, bool ptsz, Call&& call) {
   ProcessState* ps = caching_state();
   if (ps == nullptr) return call();
   StreamInfo* si = ps->streams.resolve(stream, ptsz);
+  ps->single_stream.leave(ps->contexts, "a stream capture began");
   ps->captures.begin(si);
   const CUresult r = call();
   if (r != CUDA_SUCCESS) run_parked(*ps, ps->captures.end(si));

@@ -33,7 +33,7 @@ void after_fork_in_child() {
   nvtx_after_fork_child();
   const Runtime* rt = g_runtime.load(std::memory_order_relaxed);
   if (rt != nullptr && !rt->passthrough) {
-    g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
+    g_state.store(new ProcessState(rt->config), std::memory_order_release);
   }
 }
 
@@ -66,7 +66,7 @@ const Runtime* init() {
     start_nvtx_registration();
   }
   start_tracing_and_stats(rt->config);
-  if (!rt->passthrough) g_state.store(new ProcessState(rt->config.allocator), std::memory_order_release);
+  if (!rt->passthrough) g_state.store(new ProcessState(rt->config), std::memory_order_release);
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   g_runtime.store(rt, std::memory_order_release);
   return rt;

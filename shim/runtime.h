@@ -5,6 +5,7 @@
 #include "config/config.h"
 #include "shim/capture.h"
 #include "shim/context_state.h"
+#include "shim/single_stream.h"
 #include "shim/streams.h"
 
 namespace cudalloc::shim {
@@ -20,9 +21,11 @@ const Runtime& runtime();
 
 // What caching keeps about the process. A fork child gets a fresh one.
 struct ProcessState {
-  explicit ProcessState(const AllocatorOptions& options) : contexts(options, captures) {}
+  explicit ProcessState(const Config& config)
+      : single_stream(config.single_stream), contexts(config.allocator, captures, single_stream) {}
   CaptureTracker captures;
   StreamRegistry streams;
+  SingleStreamMode single_stream;
   ContextRegistry contexts;
 };
 

@@ -546,7 +546,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false per_process_memory_fraction=1 "
-        "memory_limit_mb=none free_sync=false trace_stacks=0 trace_nvtx=false free_epoch_mb=64 "
+        "memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false free_epoch_mb=64 "
                              "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
@@ -554,7 +554,7 @@ TEST_CASE("describe", "[config]") {
       "max_split_size_mb:512,garbage_collection_threshold:0.75,"
       "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:true,"
       "per_process_memory_fraction:0.5,memory_limit_mb:4096,free_sync:true,trace_stacks:8,"
-      "trace_nvtx:true");
+      "trace_nvtx:true,single_stream:true");
   c.no_caching = true;
   c.trace_path = "/tmp/t.bin";
   c.log_level = LogLevel::kError;
@@ -564,7 +564,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(c) ==
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[1:1,512:2,1024:4,2048:8] expandable_segments=true "
-        "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true trace_stacks=8 "
+        "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true single_stream=true trace_stacks=8 "
         "trace_nvtx=true free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");
@@ -591,6 +591,15 @@ TEST_CASE("describe's roundup list reads back to the same table", "[config]") {
     const Config back = parse_ok("roundup_power2_divisions:" + list);
     CHECK(back.allocator.roundup_power2_divisions == c.allocator.roundup_power2_divisions);
   }
+}
+
+TEST_CASE("single_stream is a boolean, off by default", "[config]") {
+  CHECK_FALSE(parse_ok("").single_stream);
+  CHECK(parse_ok("single_stream:true").single_stream);
+  CHECK_FALSE(parse_ok("single_stream:False").single_stream);
+  const std::string e = parse_err("single_stream:1");
+  CHECK(contains(e, "single_stream:1"));
+  CHECK(contains(e, "expected true or false"));
 }
 
 TEST_CASE("free_epoch_mb and thread_cache tune the hot path") {

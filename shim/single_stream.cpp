@@ -1,0 +1,28 @@
+#include "shim/single_stream.h"
+
+#include "shim/context_state.h"
+#include "shim/log.h"
+#include "shim/streams.h"
+
+namespace cudalloc::shim {
+
+void SingleStreamMode::leave(ContextRegistry& contexts, const char* why) {
+  if (!active()) return;
+  std::lock_guard lock(mutex_);
+  if (!active_.load()) return;
+  // Off first, then the events: a free that still saw the mode on queued its block's work
+  // before this store, so before the events below.
+  active_.store(false);
+  for (ContextState* s : contexts.live()) s->backend.end_ordered_era();
+  log_info("single_stream: off from now on (%s); cudaFree'd blocks wait for device fences again", why);
+}
+
+void SingleStreamMode::stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s,
+                                   const char* why) {
+  if (!configured_) return;
+  leave(contexts, why);
+  std::lock_guard lock(mutex_);
+  owner.backend.follow_ordered_era(s);
+}
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,45 @@
+// single_stream:true — the program promises to run its device work on the legacy default
+// stream only, as PyTorch and most single-stream codes do. Then a cudaFree is ordered on that
+// stream, like a cudaFreeAsync there: the next allocation reuses the block at once, with no
+// device fence, because whatever its next owner queues runs after whatever its last owner
+// queued. No fence means no cudaFree'd memory waiting for a GPU that lags the host, so the
+// cache holds what PyTorch's own allocator would.
+//
+// cudalloc ends the mode for good as soon as it sees any other stream: a stream created or
+// first met, a per-thread default stream in a memory call, a capture, a second context. Each
+// live context then records an event on its legacy stream behind the work of the ordered era,
+// and every non-blocking stream waits for that event before its first work (blocking and
+// per-thread default streams wait for earlier legacy work by themselves). From then on
+// cudaFree'd blocks are fenced as usual. What cudalloc cannot see is the promise's part:
+// work sent to a per-thread default stream through calls it does not wrap (kernels launched
+// from code built with --default-stream per-thread, or on cudaStreamPerThread).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+namespace cudalloc::shim {
+
+class ContextRegistry;
+struct ContextState;
+struct StreamInfo;
+
+class SingleStreamMode {
+ public:
+  explicit SingleStreamMode(bool configured) : active_(configured), configured_(configured) {}
+
+  // True while cudaFree'd blocks are ordered on the legacy stream.
+  bool active() const { return active_.load(); }
+  // Ends the mode (the first call only); `why` names what was seen, for the log.
+  void leave(ContextRegistry& contexts, const char* why);
+  // `s` is a stream of `owner`'s context, just created or first met: ends the mode, and a
+  // non-blocking `s` waits for the ordered era's legacy work before its own.
+  void stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s, const char* why);
+
+ private:
+  std::atomic<bool> active_;
+  const bool configured_;
+  std::mutex mutex_;  // held while the mode ends, so no stream waits for an event not recorded yet
+};
+
+}  // namespace cudalloc::shim

@@ -1,0 +1,173 @@
+// CUDALLOC_CONF=single_stream:true through the fake driver, one scenario per process (the mode
+// ends for good once another stream is seen):
+//   reuse          legacy stream only: a cudaFree'd block serves the next allocation at once,
+//                  from any thread, with no device fence, and its late legacy work cannot
+//                  reach the next owner's data
+//   non_blocking   a non-blocking stream created after such a reuse waits for the legacy work
+//                  queued before it; cudaFree'd blocks are fenced again from then on
+//   per_thread     a per-thread default stream in a memory call ends the mode
+//   second_context a second context ends the mode
+// Run without single_stream ("reuse fenced"), the first scenario's reuse must not happen: the
+// block's late write is still queued.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "client.h"
+
+namespace {
+
+constexpr size_t kBytes = 1 << 20;       // small pool: served from the thread's own cache
+constexpr size_t kLargeBytes = 4 << 20;  // large pool: served under the device lock
+
+client::Client& c() { return client::client(); }
+
+bool all_equal(CUdeviceptr p, unsigned char x, size_t bytes = kBytes) {
+  std::vector<unsigned char> host(bytes);
+  CHECK_OR_DIE(c().api.cuMemcpyDtoH_v2(host.data(), p, bytes) == CUDA_SUCCESS);
+  for (unsigned char b : host) {
+    if (b != x) return false;
+  }
+  return true;
+}
+
+CUdeviceptr alloc(size_t bytes = kBytes) {
+  CUdeviceptr p = 0;
+  CHECK_OR_DIE(c().api.cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS);
+  return p;
+}
+
+// A block whose last owner left a write of 0xAA queued on the legacy stream, `delay_us` from
+// now, then freed it. Returns the block's address.
+CUdeviceptr free_with_late_write(unsigned delay_us, size_t bytes = kBytes) {
+  const CUdeviceptr p = alloc(bytes);
+  CHECK_OR_DIE(c().launch_write(nullptr, p, bytes, 0xAA, delay_us) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  return p;
+}
+
+// The mode is on: the freed block comes back at once.
+void expect_reuse() {
+  const CUdeviceptr p = free_with_late_write(30000);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q == p);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuCtxSynchronize() == CUDA_SUCCESS);
+}
+
+// The mode is off: the freed block waits for its late write.
+void expect_fenced() {
+  const CUdeviceptr p = free_with_late_write(30000);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q != p);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuCtxSynchronize() == CUDA_SUCCESS);
+}
+
+void reuse(bool configured) {
+  c().reset_stats();
+  const CUdeviceptr p = free_with_late_write(30000);
+  const CUdeviceptr q = alloc();
+  if (!configured) {
+    CHECK_OR_DIE(q != p);  // without the promise, the late write keeps the block
+    return;
+  }
+  CHECK_OR_DIE(q == p);
+  // The next owner's legacy work runs after the last owner's late write.
+  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(all_equal(q, 0x55));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  // Another thread gets the block just as well (a large one: small blocks stay in the
+  // freeing thread's cache).
+  const CUdeviceptr r = free_with_late_write(20000, kLargeBytes);
+  CUdeviceptr got = 0;
+  std::thread other([&] {
+    CHECK_OR_DIE(c().api.cuCtxSetCurrent(c().ctx) == CUDA_SUCCESS);
+    got = alloc(kLargeBytes);
+    CHECK_OR_DIE(c().api.cuMemsetD8_v2(got, 0x66, kLargeBytes) == CUDA_SUCCESS);
+  });
+  other.join();
+  CHECK_OR_DIE(got == r);
+  CHECK_OR_DIE(all_equal(got, 0x66, kLargeBytes));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(got) == CUDA_SUCCESS);
+  // A GPU far behind the host does not make the cache grow: 200 rounds of each size, one
+  // segment of each pool.
+  for (int i = 0; i < 200; ++i) {
+    free_with_late_write(100);
+    free_with_late_write(100, kLargeBytes);
+  }
+  CHECK_OR_DIE(c().call_count("cuMemAlloc") == 2);
+  CHECK_OR_DIE(c().call_count("cuEventRecord") == 0);  // no device fence
+  CHECK_OR_DIE(c().api.cuCtxSynchronize() == CUDA_SUCCESS);
+}
+
+void non_blocking() {
+  // Reused in the ordered era, with the last owner's write still queued on the legacy stream.
+  const CUdeviceptr p = free_with_late_write(50000);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q == p);
+  CUstream nb = nullptr;
+  CHECK_OR_DIE(c().api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  // Without the wait cudalloc puts on the new stream, this write would run at once and the
+  // late 0xAA would land over it.
+  CHECK_OR_DIE(c().launch_write(nb, q, kBytes, 0x55, 0) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK_OR_DIE(all_equal(q, 0x55));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  // From now on a late write on the non-blocking stream keeps its block from the next owners.
+  const CUdeviceptr r = alloc();
+  CHECK_OR_DIE(c().launch_write(nb, r, kBytes, 0xAA, 30000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(r) == CUDA_SUCCESS);
+  std::vector<CUdeviceptr> next;
+  for (int i = 0; i < 4; ++i) {
+    next.push_back(alloc());
+    CHECK_OR_DIE(c().api.cuMemsetD8_v2(next.back(), 0x55, kBytes) == CUDA_SUCCESS);
+  }
+  CHECK_OR_DIE(c().api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
+  for (CUdeviceptr x : next) {
+    CHECK_OR_DIE(all_equal(x, 0x55));
+    CHECK_OR_DIE(c().api.cuMemFree_v2(x) == CUDA_SUCCESS);
+  }
+  CHECK_OR_DIE(c().api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
+}
+
+void per_thread() {
+  expect_reuse();
+  CUdeviceptr a = 0;
+  CHECK_OR_DIE(c().api.cuMemAllocAsync_ptsz(&a, 4096, nullptr) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(a) == CUDA_SUCCESS);
+  expect_fenced();
+}
+
+void second_context() {
+  expect_reuse();
+  CUdevice dev1 = 0;
+  CUcontext ctx1 = nullptr;
+  CHECK_OR_DIE(c().api.cuDeviceGet(&dev1, 1) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuDevicePrimaryCtxRetain(&ctx1, dev1) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+  const CUdeviceptr b = alloc();
+  CHECK_OR_DIE(c().api.cuMemFree_v2(b) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuCtxSetCurrent(c().ctx) == CUDA_SUCCESS);
+  expect_fenced();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "reuse") {
+    reuse(!(argc > 2 && std::strcmp(argv[2], "fenced") == 0));
+  } else if (scenario == "non_blocking") {
+    non_blocking();
+  } else if (scenario == "per_thread") {
+    per_thread();
+  } else if (scenario == "second_context") {
+    second_context();
+  } else {
+    client::die("usage: single_stream reuse [fenced]|non_blocking|per_thread|second_context");
+  }
+  std::fprintf(stderr, "single_stream %s: ok\n", scenario.c_str());
+  return 0;
+}

@@ -49,6 +49,7 @@ namespace cudalloc::shim {
   X(cuStreamWaitEvent, CUresult(CUstream, CUevent, unsigned int))                              \
   X(cuStreamCreate, CUresult(CUstream*, unsigned int))                                         \
   X(cuStreamCreateWithPriority, CUresult(CUstream*, unsigned int, int))                        \
+  X(cuGreenCtxStreamCreate, CUresult(CUstream*, CUgreenCtx, unsigned int, int))                \
   X(cuStreamDestroy, CUresult(CUstream))                                                       \
   X(cuStreamDestroy_v2, CUresult(CUstream))                                                    \
   X(cuStreamGetFlags, CUresult(CUstream, unsigned int*))                                       \

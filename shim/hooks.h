@@ -24,6 +24,7 @@
   X(cuIpcGetMemHandle)                \
   X(cuStreamCreate)                   \
   X(cuStreamCreateWithPriority)       \
+  X(cuGreenCtxStreamCreate)           \
   X(cuStreamDestroy)                  \
   X(cuStreamDestroy_v2)               \
   X(cuStreamBeginCapture)             \

@@ -97,8 +97,10 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
-  ContextState* sc = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : owner;
-  if (sc != nullptr) stream_used(*ps, *sc, si, learnt);
+  if (learnt || ps->single_stream.active()) {  // else nothing for stream_used to do
+    ContextState* sc = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : owner;
+    if (sc != nullptr) stream_used(*ps, *sc, si, learnt);
+  }
   return free_owned(*ps, *owner, ptr, true, si, false);
 }
 

@@ -72,6 +72,19 @@ CUDALLOC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned i
   return stream_created(driver().cuStreamCreateWithPriority(stream, flags, priority), stream, flags);
 }
 
+// A green context's streams (always non-blocking) run kernels on the memory of the thread's
+// current context: that context's device fences must record on them too. Whether the real
+// driver records its events there has not been tried on a GPU yet; where it refuses, the
+// fence falls back to a synchronize.
+CUDALLOC_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
+                                                int priority) {
+  caching_state();
+  const DriverApi& d = driver();
+  if (d.cuGreenCtxStreamCreate == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return stream_created(d.cuGreenCtxStreamCreate(stream, green, flags, priority), stream,
+                        flags | CU_STREAM_NON_BLOCKING);
+}
+
 CUDALLOC_EXPORT CUresult cuStreamDestroy(CUstream stream) { return stream_destroy(driver().cuStreamDestroy, stream); }
 CUDALLOC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
   return stream_destroy(driver().cuStreamDestroy_v2, stream);

@@ -1494,6 +1494,14 @@ FK_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* ph, unsigned int fl
     return stream_create(ph, flags, priority);
 }
 
+// Green contexts are not modelled: a stream of any green context is a non-blocking stream of
+// the calling thread's current context (the driver requires CU_STREAM_NON_BLOCKING here too).
+FK_API CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* ph, CUgreenCtx, unsigned int flags, int priority) {
+    FK_ENTER();
+    if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+    return stream_create(ph, flags, priority);
+}
+
 FK_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream h) {
     FK_ENTER();
     std::lock_guard<std::mutex> lk(g_mu);

@@ -70,8 +70,9 @@ class TraceLane {
   static constexpr std::size_t kFull = ~std::size_t{0};
 
   TraceRecord& record(std::size_t slot) noexcept { return records_[slot]; }
-  std::uintptr_t* pcs(std::size_t slot) noexcept { return &pcs_[slot * stack_depth_]; }
-  char* nvtx(std::size_t slot) noexcept { return &nvtx_[slot * nvtx_bytes_]; }
+  // Null when the lane was made without that side buffer (UBSan: no reference through null).
+  std::uintptr_t* pcs(std::size_t slot) noexcept { return pcs_.get() + slot * stack_depth_; }
+  char* nvtx(std::size_t slot) noexcept { return nvtx_.get() + slot * nvtx_bytes_; }
 
   // --- consumer (one at a time: the writer's consumer lock)
   std::uint64_t head() const noexcept { return head_.load(std::memory_order_acquire); }

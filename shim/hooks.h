@@ -51,6 +51,9 @@ namespace cudalloc::shim {
 
 // Our hook for a pointer the driver handed out, or `real` itself when we do not wrap it.
 void* substitute(void* real);
+// The same, but `real` itself while libcuda is not loaded (the dlsym override: a lookup in
+// some other library must not load the driver).
+void* substitute_if_loaded(void* real);
 // True for the export names we wrap (cheap; most names fail on the first characters).
 bool is_hooked_name(const char* symbol);
 

@@ -62,6 +62,13 @@ void* substitute_with(const DriverApi& d, void* real) {
 
 void* substitute(void* real) { return substitute_with(driver(), real); }
 
+void* substitute_if_loaded(void* real) {
+  if (real == nullptr) return real;
+  // Only once libcuda is loaded: a lookup in some other library must not load the driver.
+  const DriverApi* d = driver_if_loaded();
+  return d == nullptr ? real : substitute_with(*d, real);
+}
+
 bool is_hooked_name(const char* symbol) {
   if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return false;
   for (const char* n : kNames) {
@@ -73,21 +80,6 @@ bool is_hooked_name(const char* symbol) {
 }  // namespace cudalloc::shim
 
 using namespace cudalloc::shim;
-
-// RTLD_NEXT (and RTLD_DEFAULT) lookups are forwarded as a tail call: glibc finds "next"
-// relative to its caller, which must stay the program's object, not this library.
-// Other handles: the answer is checked and our hook substituted for a wrapped driver export.
-CUDALLOC_EXPORT void* dlsym(void* handle, const char* symbol) {
-  const DlsymFn real = real_dlsym();
-  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || !is_hooked_name(symbol)) {
-    return real(handle, symbol);
-  }
-  void* p = real(handle, symbol);
-  if (p == nullptr) return p;
-  // Only once libcuda is loaded: a lookup in some other library must not load the driver.
-  const DriverApi* d = driver_if_loaded();
-  return d == nullptr ? p : substitute_with(*d, p);
-}
 
 CUDALLOC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
                                              CUdriverProcAddressQueryResult* status) {

@@ -2,18 +2,19 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
 namespace cudalloc::shim {
 
 namespace {
-std::atomic<DlsymFn> g_real{nullptr};
+// Built without sanitizers (dlsym_override.cpp): the builtins, not std::atomic, whose member
+// functions may be instantiated in instrumented code too and kept from there by the linker.
+DlsymFn g_real = nullptr;
 }
 
 DlsymFn real_dlsym() {
-  DlsymFn f = g_real.load(std::memory_order_acquire);
+  DlsymFn f = __atomic_load_n(&g_real, __ATOMIC_ACQUIRE);
   if (f != nullptr) return f;
   // dlvsym is not overridden, so asking it for "the next dlsym" cannot come back to us.
   // Racing threads all find the same pointer; storing it twice is harmless.
@@ -24,7 +25,7 @@ DlsymFn real_dlsym() {
     std::abort();
   }
   f = reinterpret_cast<DlsymFn>(p);
-  g_real.store(f, std::memory_order_release);
+  __atomic_store_n(&g_real, f, __ATOMIC_RELEASE);
   return f;
 }
 

@@ -7,8 +7,7 @@ reads the tests from `meson introspect --tests` and starts each one with its env
 adjusted:
   --preload-first LIB     LIB goes first in LD_PRELOAD (the sanitizer runtime must be loaded
                           before a library that interposes dlsym)
-  --cudalloc PATH         the preloaded libcudalloc.so is replaced by PATH (for ASan: an
-                          uninstrumented build; see docs/reliability.md)
+  --cudalloc PATH         the preloaded libcudalloc.so is replaced by PATH (another build)
   --env K=V               extra environment (ASAN_OPTIONS, SOAK_SECONDS, ...)
   --suite S / --test NAME which tests (repeatable; default all); --exclude NAME leaves one out
 Prints one line per test and "N passed, N failed, N skipped"; exit 1 if any failed.

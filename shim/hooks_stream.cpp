@@ -1,7 +1,9 @@
 // Stream and capture calls: the shim learns the process's streams (a device fence must
 // record on every non-blocking one) and which streams are being captured.
 #include "shim/free_path.h"
+#include "shim/helper_streams.h"
 #include "shim/hooks.h"
+#include "shim/log.h"
 #include "shim/runtime.h"
 
 using namespace cudalloc;
@@ -9,15 +11,28 @@ using namespace cudalloc::shim;
 
 namespace {
 
-CUresult stream_created(CUresult r, CUstream* stream, unsigned flags) {
+// `caller`: where the stream call returns to, to tell a library's helper streams apart
+// (helper_streams.h); nullptr when the program's own.
+CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void* caller = nullptr) {
   ProcessState* ps = caching_state();
   if (ps == nullptr || r != CUDA_SUCCESS || stream == nullptr) return r;
   CUcontext ctx = nullptr;
   driver().cuCtxGetCurrent(&ctx);
+  log_debug("stream %p created in context %p, flags %#x", static_cast<void*>(*stream), static_cast<void*>(ctx), flags);
   StreamInfo* si = ps->streams.created(*stream, ctx, flags);
   if (ContextState* s = ps->contexts.get(ctx)) {
     s->backend.add_stream(si);
-    ps->single_stream.stream_seen(ps->contexts, *s, si, "a stream was created");
+    // A blocking stream keeps single_stream on: the legacy stream orders against it both ways.
+    // So does a library's helper stream, which the library orders with its caller's stream.
+    // Either one's first use in a memory call still ends the mode (hooks_memory.cpp).
+    if (flags & CU_STREAM_NON_BLOCKING) {
+      const char* lib = ps->single_stream.active() ? helper_stream_library(caller) : nullptr;
+      if (lib != nullptr) {
+        log_debug("stream %p is a helper stream of %s; single_stream stays on", static_cast<void*>(*stream), lib);
+      } else {
+        ps->single_stream.stream_seen(ps->contexts, *s, si, "a non-blocking stream was created");
+      }
+    }
   }
   return r;
 }
@@ -64,12 +79,13 @@ CUresult end_capture(CUresult (*real)(CUstream, CUgraph*), CUstream stream, CUgr
 
 CUDALLOC_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   caching_state();
-  return stream_created(driver().cuStreamCreate(stream, flags), stream, flags);
+  return stream_created(driver().cuStreamCreate(stream, flags), stream, flags, __builtin_return_address(0));
 }
 
 CUDALLOC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
   caching_state();
-  return stream_created(driver().cuStreamCreateWithPriority(stream, flags, priority), stream, flags);
+  return stream_created(driver().cuStreamCreateWithPriority(stream, flags, priority), stream, flags,
+                        __builtin_return_address(0));
 }
 
 // A green context's streams (always non-blocking) run kernels on the memory of the thread's

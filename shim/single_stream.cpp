@@ -1,5 +1,9 @@
 #include "shim/single_stream.h"
 
+#include <execinfo.h>
+
+#include <cstdlib>
+
 #include "shim/context_state.h"
 #include "shim/log.h"
 #include "shim/streams.h"
@@ -15,6 +19,19 @@ void SingleStreamMode::leave(ContextRegistry& contexts, const char* why) {
   active_.store(false);
   for (ContextState* s : contexts.live()) s->backend.end_ordered_era();
   log_info("single_stream: off from now on (%s); cudaFree'd blocks wait for device fences again", why);
+  log_caller();
+}
+
+// At debug level, who ended the mode: a library that creates a stream it never uses is worth
+// knowing about. Once per process, never on the hot path.
+void SingleStreamMode::log_caller() {
+  if (!log_enabled(LogLevel::kDebug)) return;
+  void* frames[24];
+  const int n = ::backtrace(frames, 24);
+  char** names = ::backtrace_symbols(frames, n);
+  if (names == nullptr) return;
+  for (int i = 1; i < n; ++i) log_debug("single_stream:   #%d %s", i, names[i]);
+  std::free(names);
 }
 
 void SingleStreamMode::stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s,

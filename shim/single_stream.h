@@ -5,14 +5,21 @@
 // queued. No fence means no cudaFree'd memory waiting for a GPU that lags the host, so the
 // cache holds what PyTorch's own allocator would.
 //
-// cudalloc ends the mode for good as soon as it sees any other stream: a stream created or
-// first met, a per-thread default stream in a memory call, a capture, a second context. Each
+// cudalloc ends the mode for good as soon as it sees another stream at work: a non-blocking
+// stream created, any stream but the legacy one in a memory call (a per-thread default stream
+// too), a capture, a second context. A blocking stream's creation does not end it: the legacy
+// stream waits for earlier work on blocking streams and they wait for earlier legacy work, so
+// a helper stream that a library forks work onto and joins back (cuBLASLt makes one) is
+// ordered with the legacy frees. Nor does a non-blocking helper stream of a library that forks
+// and joins its own streams (cuDNN; helper_streams.h). Each
 // live context then records an event on its legacy stream behind the work of the ordered era,
 // and every non-blocking stream waits for that event before its first work (blocking and
 // per-thread default streams wait for earlier legacy work by themselves). From then on
 // cudaFree'd blocks are fenced as usual. What cudalloc cannot see is the promise's part:
 // work sent to a per-thread default stream through calls it does not wrap (kernels launched
-// from code built with --default-stream per-thread, or on cudaStreamPerThread).
+// from code built with --default-stream per-thread, or on cudaStreamPerThread), and work on
+// two blocking streams with no legacy work between them, where a block cudaFree'd after the
+// first is reused by the second.
 #pragma once
 
 #include <atomic>
@@ -37,6 +44,8 @@ class SingleStreamMode {
   void stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s, const char* why);
 
  private:
+  static void log_caller();
+
   std::atomic<bool> active_;
   const bool configured_;
   std::mutex mutex_;  // held while the mode ends, so no stream waits for an event not recorded yet

@@ -5,15 +5,27 @@
 //                  reach the next owner's data
 //   non_blocking   a non-blocking stream created after such a reuse waits for the legacy work
 //                  queued before it; cudaFree'd blocks are fenced again from then on
+//   blocking       a blocking stream (a library's helper) keeps the mode: a block whose last
+//                  owner wrote it there late is reused at once, and the legacy stream orders
+//                  the next owner's work after that write; the stream in a memory call ends it
+//   helper         a non-blocking stream made by a library that forks and joins its own
+//                  streams (tests/interpose/forkjoin_helper.cpp) keeps the mode: work forked
+//                  onto it and joined back is ordered before the next owner's; a non-blocking
+//                  stream the program makes ends it
 //   per_thread     a per-thread default stream in a memory call ends the mode
 //   second_context a second context ends the mode
 // Run without single_stream ("reuse fenced"), the first scenario's reuse must not happen: the
 // block's late write is still queued.
+#include <dlfcn.h>
+
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "client.h"
+
+// tests/interpose/forkjoin_helper.cpp
+extern "C" int forkjoin_make_stream(CUresult (*create)(CUstream*, unsigned), CUstream* out);
 
 namespace {
 
@@ -132,6 +144,60 @@ void non_blocking() {
   CHECK_OR_DIE(c().api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
 }
 
+void blocking() {
+  CUstream helper = nullptr;
+  CHECK_OR_DIE(c().api.cuStreamCreate(&helper, 0) == CUDA_SUCCESS);
+  expect_reuse();
+  // Forked onto the helper and left there: the legacy stream waits for it by itself.
+  const CUdeviceptr p = alloc();
+  CHECK_OR_DIE(c().launch_write(helper, p, kBytes, 0xAA, 30000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q == p);
+  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(all_equal(q, 0x55));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  // The program's own work on it (seen in a memory call) ends the mode.
+  CUdeviceptr a = 0;
+  CHECK_OR_DIE(c().api.cuMemAllocAsync(&a, 4096, helper) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFreeAsync(a, helper) == CUDA_SUCCESS);
+  expect_fenced();
+  CHECK_OR_DIE(c().api.cuStreamDestroy_v2(helper) == CUDA_SUCCESS);
+}
+
+void helper() {
+  CUstream hs = nullptr;
+  CHECK_OR_DIE(forkjoin_make_stream(c().api.cuStreamCreate, &hs) == 0);
+  expect_reuse();
+  // Fork onto the helper stream, write late there, join back, then free: the join orders the
+  // next owner's legacy work after the write.
+  using WaitFn = CUresult (*)(CUstream, CUevent, unsigned);
+  const auto wait = reinterpret_cast<WaitFn>(dlsym(c().rt.handle, "cuStreamWaitEvent"));
+  CHECK_OR_DIE(wait != nullptr);
+  CUevent fork = nullptr, join = nullptr;
+  CHECK_OR_DIE(c().api.cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuEventCreate(&join, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  const CUdeviceptr p = alloc();
+  CHECK_OR_DIE(c().api.cuEventRecord(fork, CU_STREAM_LEGACY) == CUDA_SUCCESS);
+  CHECK_OR_DIE(wait(hs, fork, 0) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().launch_write(hs, p, kBytes, 0xAA, 30000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuEventRecord(join, hs) == CUDA_SUCCESS);
+  CHECK_OR_DIE(wait(CU_STREAM_LEGACY, join, 0) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q == p);
+  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(all_equal(q, 0x55));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  // The program's own non-blocking stream ends the mode.
+  CUstream own = nullptr;
+  CHECK_OR_DIE(c().api.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  expect_fenced();
+  for (CUstream x : {hs, own}) CHECK_OR_DIE(c().api.cuStreamDestroy_v2(x) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuEventDestroy_v2(fork) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c().api.cuEventDestroy_v2(join) == CUDA_SUCCESS);
+}
+
 void per_thread() {
   expect_reuse();
   CUdeviceptr a = 0;
@@ -161,12 +227,16 @@ int main(int argc, char** argv) {
     reuse(!(argc > 2 && std::strcmp(argv[2], "fenced") == 0));
   } else if (scenario == "non_blocking") {
     non_blocking();
+  } else if (scenario == "blocking") {
+    blocking();
+  } else if (scenario == "helper") {
+    helper();
   } else if (scenario == "per_thread") {
     per_thread();
   } else if (scenario == "second_context") {
     second_context();
   } else {
-    client::die("usage: single_stream reuse [fenced]|non_blocking|per_thread|second_context");
+    client::die("usage: single_stream reuse [fenced]|non_blocking|blocking|helper|per_thread|second_context");
   }
   std::fprintf(stderr, "single_stream %s: ok\n", scenario.c_str());
   return 0;

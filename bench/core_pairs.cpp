@@ -1,6 +1,7 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
-//   core_pairs [--threads N] [--iters N]
+//   core_pairs [--threads N] [--iters N] [--trace PATH]: pairs at 64 KiB and 16 MiB, both free
+//   orders; with --trace the allocator reports to a TraceWriter writing PATH (what tracing costs)
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
+#include "trace/trace_writer.h"
 
 using namespace cudalloc;
 using Clock = std::chrono::steady_clock;
@@ -72,11 +74,13 @@ int main(int argc, char** argv) {
   int threads = 1, iters = 2000000;
   std::size_t live = 0;
   const char* only = nullptr;  // --only device|stream: one free order of the mix
+  const char* trace = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only")) only = argv[++i];
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
+    if (!std::strcmp(argv[i], "--trace")) trace = argv[++i];
   }
   if (live > 0) {
     if (only == nullptr || !std::strcmp(only, "device")) mix(live, FreeOrder::kDevice, iters);
@@ -85,6 +89,16 @@ int main(int argc, char** argv) {
   }
   SimBackend sim({.host_memory = false});
   DeviceAllocator a(sim, AllocatorOptions{});
+  std::unique_ptr<TraceWriter> writer;
+  if (trace != nullptr) {
+    std::string error;
+    writer = TraceWriter::open(trace, TraceOptions{}, &error);
+    if (!writer) {
+      std::fprintf(stderr, "core_pairs: %s\n", error.c_str());
+      return 1;
+    }
+    a.set_observer(writer.get());
+  }
   struct Case { const char* name; std::size_t size; FreeOrder order; bool stream; };
   const Case cases[] = {
       {"cudaFree_64KiB", 64 << 10, FreeOrder::kDevice, false},
@@ -100,7 +114,7 @@ int main(int argc, char** argv) {
     }
     for (auto& t : ts) t.join();
     const double worst = *std::max_element(ns.begin(), ns.end());
-    std::printf("core name=%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, threads, worst,
+    std::printf("core name=%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, writer ? "_traced" : "", threads, worst,
                 threads * 1e9 / worst);
   }
   return 0;

@@ -113,6 +113,7 @@ class TraceWriter final : public AllocatorObserver {
   void stop_thread() noexcept;
   std::size_t drain_locked(bool final_pass) noexcept;
   bool work_pending() const noexcept;
+  void wake_writer() noexcept;
   TraceLane* attach_lane() noexcept;
   void write_header() noexcept;
   void write_maps() noexcept;
@@ -131,11 +132,14 @@ class TraceWriter final : public AllocatorObserver {
   int pid_ = 0;
   std::unique_ptr<Impl> impl_;
 
+  // Read on every record (with options_, pid_ and impl_ above): the writer thread rarely
+  // writes here.
   std::atomic<bool> disabled_{false};
   std::atomic<int> thread_state_{0};  // 0 none, 1 starting/running, 2 stopping
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};
-  std::atomic<bool> consumer_busy_{false};
+  // Written by the writer thread on every pass or sleep: away from the line above.
+  alignas(64) std::atomic<bool> consumer_busy_{false};
   std::atomic<std::uint32_t> writer_sleeping_{0};
   std::atomic<bool> finished_{false};
   std::atomic<std::uint64_t> written_total_{0};

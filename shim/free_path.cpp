@@ -26,6 +26,18 @@ CUresult bad_free(CUdeviceptr ptr, bool async) {
 }
 }  // namespace
 
+namespace {
+// The order a free gives its block, outside captures and free_sync.
+Status free_ordered(ProcessState& ps, ContextState& owner, DevicePtr p, bool async, StreamInfo* stream) {
+  if (async) return owner.allocator.free(p, FreeOrder::kStream, key_of(stream), true);
+  if (ps.single_stream.active()) {
+    // Ordered on the legacy stream, where all the program's work runs (single_stream.h).
+    return owner.allocator.free(p, FreeOrder::kStream, key_of(ps.streams.legacy()), false);
+  }
+  return owner.allocator.free(p, FreeOrder::kDevice);
+}
+}  // namespace
+
 CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool async,
                     StreamInfo* stream, bool sync) {
   const auto p = static_cast<DevicePtr>(ptr);
@@ -40,9 +52,7 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
     // The capture ended meanwhile: free now.
   }
   Status st;
-  if (async) {
-    st = owner.allocator.free(p, FreeOrder::kStream, key_of(stream), true);
-  } else if (sync) {
+  if (sync && !async) {
     // free_sync: the native cudaFree is a barrier; some programs rely on it.
     if (!owner.allocator.find(p)) return bad_free(ptr, async);
     {
@@ -50,14 +60,24 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
       driver().cuCtxSynchronize();
     }
     st = owner.allocator.free(p, FreeOrder::kCompleted);
-  } else if (ps.single_stream.active()) {
-    // Ordered on the legacy stream, where all the program's work runs (single_stream.h).
-    st = owner.allocator.free(p, FreeOrder::kStream, key_of(ps.streams.legacy()), false);
   } else {
-    st = owner.allocator.free(p, FreeOrder::kDevice);
+    st = free_ordered(ps, owner, p, async, stream);
   }
   if (st == Status::kInvalidValue) return bad_free(ptr, async);
   return to_cuda(st);
+}
+
+bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result) {
+  if (ps.captures.any()) return false;
+  const auto p = static_cast<DevicePtr>(ptr);
+  for (ContextState* s : ps.contexts.live()) {
+    const Status st = free_ordered(ps, *s, p, async, stream);
+    if (st != Status::kInvalidValue) {  // kInvalidValue: not a live block of this context
+      *result = to_cuda(st);
+      return true;
+    }
+  }
+  return false;
 }
 
 void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked) {

@@ -17,6 +17,13 @@ CUresult to_cuda(Status s);
 CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool async,
                     StreamInfo* stream, bool sync);
 
+// The common free, with one live-map lookup instead of two: gives `ptr` back to the context
+// where it is the start of a live block. False, with nothing done, when no context has it
+// live (then: a pointer of the driver's, or a double or interior free) or when the free needs
+// the slow path (a capture under way, free_sync, a learnt stream to register first); the
+// caller then goes through ContextRegistry::owner() and free_owned().
+bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result);
+
 // Runs frees parked during a capture that just ended.
 void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked);
 

@@ -93,14 +93,20 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
     return r;
   }
   if (ptr == 0) return real(ptr, stream);
-  ContextState* owner = ps->contexts.owner(ptr);
-  if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
-  if (learnt || ps->single_stream.active()) {  // else nothing for stream_used to do
-    ContextState* sc = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : owner;
+  CUresult r = CUDA_SUCCESS;
+  if (!learnt && !ps->single_stream.active() && free_live(*ps, ptr, true, si, &r)) return r;
+  ContextState* owner = ps->contexts.owner(ptr);
+  // A stream met for the first time is registered even when the pointer is the driver's:
+  // resolve() has learnt it, and it would not be "new" again.
+  if (learnt || (owner != nullptr && ps->single_stream.active())) {  // else nothing to do
+    ContextState* sc = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx)
+                       : owner != nullptr                     ? owner
+                                                              : ps->contexts.current();
     if (sc != nullptr) stream_used(*ps, *sc, si, learnt);
   }
+  if (owner == nullptr) return real(ptr, stream);  // the driver's (graph memory, its own pools)
   return free_owned(*ps, *owner, ptr, true, si, false);
 }
 
@@ -118,9 +124,12 @@ CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
     return r;
   }
   if (ptr == 0) return CUDA_SUCCESS;  // cudaFree(NULL) reaches the driver and succeeds
+  const bool sync = runtime().config.free_sync;
+  CUresult r = CUDA_SUCCESS;
+  if (!sync && free_live(*ps, ptr, false, nullptr, &r)) return r;
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return d.cuMemFree_v2(ptr);
-  return free_owned(*ps, *owner, ptr, false, nullptr, runtime().config.free_sync);
+  return free_owned(*ps, *owner, ptr, false, nullptr, sync);
 }
 
 CUDALLOC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {

@@ -24,10 +24,10 @@ namespace cudalloc {
 class ThreadCache {
  public:
   static constexpr std::size_t kBins = 32;
-  static constexpr std::size_t kDepth = 32;  // a whole batch of one size fits
+  static constexpr std::size_t kDepth = 64;  // a whole batch of one size fits
   // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
   // device fence (an event per stream) is shared.
-  static constexpr std::size_t kBatchBlocks = 32;
+  static constexpr std::size_t kBatchBlocks = 64;
   static constexpr std::size_t kBatchBytes = 16 * kMiB;
   // Past this many deferred frees the owner hands them to the device allocator.
   static constexpr std::size_t kMaxDeferred = 256;

@@ -1,5 +1,5 @@
 // Allocate+free pair latency, the way legacy CUDA codes call it (static runtime by default).
-//   pairs [--async] [--driver] [--iters N] [--threads T] [--mix LIVE]
+//   pairs [--async] [--driver] [--iters N] [--size BYTES] [--threads T] [--mix LIVE]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -73,7 +73,11 @@ constexpr int kWindow = 8;
 static void pairs(size_t size, bool async, int iters) {
   cudaStream_t s = nullptr;
   if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  for (int i = 0; i < 100; ++i) release(alloc(size, async, s), async, s);  // warm up
+  // Warm up for 50 ms: right after context creation the driver's own threads are still busy
+  // for a while, and a first size timed then came out up to twice as slow.
+  for (auto until = Clock::now() + std::chrono::milliseconds(50); Clock::now() < until;) {
+    for (int i = 0; i < 100; ++i) release(alloc(size, async, s), async, s);
+  }
   const int windows = std::max(1, iters / kWindow);
   std::vector<double> ns(windows);
   for (int w = 0; w < windows; ++w) {
@@ -142,7 +146,7 @@ static void threads(int n, size_t size, bool async, int iters) {
 int main(int argc, char** argv) {
   bool async = false;
   int iters = 20000, nthreads = 0;
-  size_t live = 0;
+  size_t live = 0, only_size = 0;  // --size N: the pairs of that size only
   bool probe = false;  // what one cuCtxGetCurrent costs (the shim asks it per cudaMalloc)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--driver")) drv.on = true;
     else if (!std::strcmp(argv[i], "--probe")) probe = true;
+    else if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
   }
   cudaFree(nullptr);  // create the context outside the timings
   if (drv.on) {
@@ -181,6 +186,7 @@ int main(int argc, char** argv) {
     mix(live, async, iters);
   } else {
     for (size_t size : {size_t{512}, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
+      if (only_size != 0 && size != only_size) continue;
       pairs(size, async, size >= (size_t{256} << 20) ? iters / 10 : iters);
     }
   }

@@ -18,10 +18,10 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
                     StreamInfo* stream, bool sync);
 
 // The common free, with one live-map lookup instead of two: gives `ptr` back to the context
-// where it is the start of a live block. False, with nothing done, when no context has it
-// live (then: a pointer of the driver's, or a double or interior free) or when the free needs
-// the slow path (a capture under way, free_sync, a learnt stream to register first); the
-// caller then goes through ContextRegistry::owner() and free_owned().
+// where it is the start of a live block. False, with nothing done, during a capture or when no
+// context has it live (a pointer of the driver's, or a double or interior free); the caller
+// then goes through ContextRegistry::owner() and free_owned(). Callers keep free_sync frees,
+// and frees on a stream that resolve() has just learnt, on that slow path themselves.
 bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result);
 
 // Runs frees parked during a capture that just ended.

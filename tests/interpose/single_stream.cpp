@@ -68,6 +68,22 @@ void expect_reuse() {
 }
 
 // The mode is off: the freed block waits for its late write.
+// The next owner's legacy work runs after the last owner's late write: its bytes stay. Frees q.
+void expect_own_bytes(CUdeviceptr q) {
+  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(all_equal(q, 0x55));
+  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+}
+
+// Frees p, whose last write is still queued but ordered before the legacy stream's next work:
+// the next allocation gets the same block at once, and keeps its own bytes.
+void expect_ordered_reuse(CUdeviceptr p) {
+  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  const CUdeviceptr q = alloc();
+  CHECK_OR_DIE(q == p);
+  expect_own_bytes(q);
+}
+
 void expect_fenced() {
   const CUdeviceptr p = free_with_late_write(30000);
   const CUdeviceptr q = alloc();
@@ -85,10 +101,7 @@ void reuse(bool configured) {
     return;
   }
   CHECK_OR_DIE(q == p);
-  // The next owner's legacy work runs after the last owner's late write.
-  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
-  CHECK_OR_DIE(all_equal(q, 0x55));
-  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  expect_own_bytes(q);
   // Another thread gets the block just as well (a large one: small blocks stay in the
   // freeing thread's cache).
   const CUdeviceptr r = free_with_late_write(20000, kLargeBytes);
@@ -151,12 +164,7 @@ void blocking() {
   // Forked onto the helper and left there: the legacy stream waits for it by itself.
   const CUdeviceptr p = alloc();
   CHECK_OR_DIE(c().launch_write(helper, p, kBytes, 0xAA, 30000) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  const CUdeviceptr q = alloc();
-  CHECK_OR_DIE(q == p);
-  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
-  CHECK_OR_DIE(all_equal(q, 0x55));
-  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  expect_ordered_reuse(p);
   // The program's own work on it (seen in a memory call) ends the mode.
   CUdeviceptr a = 0;
   CHECK_OR_DIE(c().api.cuMemAllocAsync(&a, 4096, helper) == CUDA_SUCCESS);
@@ -183,12 +191,7 @@ void helper() {
   CHECK_OR_DIE(c().launch_write(hs, p, kBytes, 0xAA, 30000) == CUDA_SUCCESS);
   CHECK_OR_DIE(c().api.cuEventRecord(join, hs) == CUDA_SUCCESS);
   CHECK_OR_DIE(wait(CU_STREAM_LEGACY, join, 0) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c().api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  const CUdeviceptr q = alloc();
-  CHECK_OR_DIE(q == p);
-  CHECK_OR_DIE(c().api.cuMemsetD8_v2(q, 0x55, kBytes) == CUDA_SUCCESS);
-  CHECK_OR_DIE(all_equal(q, 0x55));
-  CHECK_OR_DIE(c().api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  expect_ordered_reuse(p);
   // The program's own non-blocking stream ends the mode.
   CUstream own = nullptr;
   CHECK_OR_DIE(c().api.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);

@@ -1,7 +1,9 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
-//   core_pairs [--threads N] [--iters N] [--trace PATH]: pairs at 64 KiB and 16 MiB, both free
-//   orders; with --trace the allocator reports to a TraceWriter writing PATH (what tracing costs)
+//   core_pairs [--threads N] [--iters N] [--trace PATH [--trace-monotonic]]: pairs at 64 KiB and
+//   16 MiB, both free orders; with --trace the allocator reports to a TraceWriter writing PATH
+//   (what tracing costs), its records stamped with the TSC or, with --trace-monotonic,
+//   clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
@@ -75,12 +77,14 @@ int main(int argc, char** argv) {
   std::size_t live = 0;
   const char* only = nullptr;  // --only device|stream: one free order of the mix
   const char* trace = nullptr;
+  TraceOptions trace_options;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only")) only = argv[++i];
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     if (!std::strcmp(argv[i], "--trace")) trace = argv[++i];
+    if (!std::strcmp(argv[i], "--trace-monotonic")) trace_options.clock = TraceClockSource::kMonotonic;
   }
   if (live > 0) {
     if (only == nullptr || !std::strcmp(only, "device")) mix(live, FreeOrder::kDevice, iters);
@@ -92,7 +96,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<TraceWriter> writer;
   if (trace != nullptr) {
     std::string error;
-    writer = TraceWriter::open(trace, TraceOptions{}, &error);
+    writer = TraceWriter::open(trace, trace_options, &error);
     if (!writer) {
       std::fprintf(stderr, "core_pairs: %s\n", error.c_str());
       return 1;

@@ -31,7 +31,7 @@ constexpr std::size_t kMaxQuoted = 64;
 constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx, free_epoch_mb, thread_cache, max_pending_mb, single_stream";
+    "trace_stacks, trace_nvtx, trace_clock, free_epoch_mb, thread_cache, max_pending_mb, single_stream";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -62,6 +62,7 @@ enum class Key : unsigned {
   kThreadCache,
   kMaxPendingMb,
   kSingleStream,
+  kTraceClock,
   kCount,
 };
 
@@ -70,7 +71,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
     "free_sync",           "trace_stacks",                 "trace_nvtx",
     "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
-    "single_stream",
+    "single_stream",       "trace_clock",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -415,6 +416,15 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
       }
       return {};
     }
+    case Key::kTraceClock:
+      if (iequals(value, "tsc")) {
+        c.trace_tsc = true;
+      } else if (iequals(value, "monotonic")) {
+        c.trace_tsc = false;
+      } else {
+        return conf_error(key, value, "expected tsc or monotonic (any case)");
+      }
+      return {};
     case Key::kTraceStacks: {
       const std::string expected =
           "expected an integer from 0 to " + std::to_string(kMaxTraceStacks);
@@ -752,6 +762,8 @@ std::string describe(const Config& config) {
     s += " trace_stacks=" + std::to_string(config.trace_stacks);
     s += " trace_nvtx=";
     s += config.trace_nvtx ? "true" : "false";
+    s += " trace_clock=";
+    s += config.trace_tsc ? "tsc" : "monotonic";
     s += " free_epoch_mb=" + std::to_string(config.allocator.free_epoch_bytes / (std::size_t{1} << 20));
     s += " max_pending_mb=" + std::to_string(config.allocator.max_pending_bytes / (std::size_t{1} << 20));
     s += " thread_cache=";

@@ -29,6 +29,7 @@ struct Config {
   bool single_stream = false;   // single_stream: cudaFree'd blocks are ordered on the legacy stream
   std::size_t trace_stacks = 0; // trace_stacks:N native frames per trace record
   bool trace_nvtx = false;      // trace_nvtx: record the current NVTX range name
+  bool trace_tsc = true;        // trace_clock:tsc|monotonic: stamp records with the TSC where usable
 
   // Environment variables.
   bool no_caching = false;                          // CUDALLOC_NO_CACHING=1

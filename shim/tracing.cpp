@@ -36,6 +36,7 @@ void start_tracing_and_stats(const Config& config) {
     TraceOptions options;
     options.stack_depth = config.trace_stacks;
     options.nvtx = config.trace_nvtx;
+    options.clock = config.trace_tsc ? TraceClockSource::kTsc : TraceClockSource::kMonotonic;
     std::string error;
     std::unique_ptr<TraceWriter> w = TraceWriter::open(config.trace_path, options, &error);
     if (w == nullptr) {

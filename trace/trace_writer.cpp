@@ -1,5 +1,6 @@
 #include "trace/trace_writer.h"
 
+#include "trace/trace_clock.h"
 #include "trace/trace_lanes.h"
 
 #include <execinfo.h>
@@ -35,15 +36,6 @@ const char* trace_result_name(Status s) noexcept {
 }
 
 namespace {
-
-std::int64_t monotonic_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-// ts_ns is relative to when cudalloc was loaded (static initialization of this library).
-const std::int64_t g_origin_ns = monotonic_ns();
 
 std::atomic<NvtxRangeHook> g_nvtx_hook{nullptr};
 std::atomic<NvtxIdHook> g_nvtx_id_hook{nullptr};
@@ -106,14 +98,16 @@ struct Out {
 }  // namespace
 
 struct TraceWriter::Impl {
-  explicit Impl(std::size_t capacity, std::size_t stack_depth, std::size_t nvtx_bytes)
-      : lanes(capacity, stack_depth, nvtx_bytes) {}
+  explicit Impl(std::size_t capacity, std::size_t stack_depth, std::size_t nvtx_bytes,
+                TraceClockSource source)
+      : lanes(capacity, stack_depth, nvtx_bytes), clock(source), ticks(clock.tsc()) {}
   LaneSet lanes;
   // Read on every record by every allocating thread, written only at open: a line of their own,
   // so that the writer thread's bookkeeping never takes it from the allocating cores (while it
   // shared one with lane_failures_reported, perf put most of on_event's time on reading id).
   alignas(64) std::size_t wake_mask = 0;
   std::uint64_t id = 0;                       // tells this writer's lanes from an older writer's
+  TraceClock clock;
   alignas(64) std::atomic<std::uint64_t> lane_failures{0};  // records of a thread that got no lane
   std::atomic<std::uint64_t> lane_failures_reported{0};
   std::unique_ptr<char[]> buf;  // formatted lines not yet written
@@ -121,6 +115,7 @@ struct TraceWriter::Impl {
   pthread_t thread{};
   std::vector<std::uint64_t> cursor;  // drain_locked's per-lane positions (consumer only)
   std::vector<std::uint64_t> limit;
+  TickConverter ticks;  // consumer only
 };
 
 namespace {
@@ -190,7 +185,7 @@ TraceWriter::TraceWriter(std::string base_path, const TraceOptions& options)
       impl_(std::make_unique<Impl>(
           lane_capacity(options.ring_capacity),
           options.stack_depth > kMaxStackDepth ? kMaxStackDepth : options.stack_depth,
-          options.nvtx ? kMaxNvtx : 0)) {
+          options.nvtx ? kMaxNvtx : 0, options.clock)) {
   if (options_.stack_depth > kMaxStackDepth) options_.stack_depth = kMaxStackDepth;
   options_.ring_capacity = lane_capacity(options_.ring_capacity);
   const std::size_t cap = options_.ring_capacity;
@@ -319,7 +314,7 @@ void TraceWriter::write_header() noexcept {
     std::int64_t mono = monotonic_ns();
     // The wall-clock time of ts_ns = 0.
     std::int64_t origin_rt_ns = static_cast<std::int64_t>(rt.tv_sec) * 1000000000 + rt.tv_nsec -
-                                (mono - g_origin_ns);
+                                (mono - trace_origin_ns());
     time_t secs = static_cast<time_t>(origin_rt_ns / 1000000000);
     struct tm tmv;
     gmtime_r(&secs, &tmv);
@@ -329,11 +324,12 @@ void TraceWriter::write_header() noexcept {
     std::snprintf(frac, sizeof frac, ".%06lldZ",
                   static_cast<long long>((origin_rt_ns % 1000000000) / 1000));
     h += std::string("# start_time=") + when + frac + " origin_realtime_ns=" +
-         std::to_string(origin_rt_ns) + " origin_monotonic_ns=" + std::to_string(g_origin_ns) +
+         std::to_string(origin_rt_ns) + " origin_monotonic_ns=" + std::to_string(trace_origin_ns()) +
          "\n";
     h += "# options stack_depth=" + std::to_string(options_.stack_depth) +
          " nvtx=" + (options_.nvtx ? "1" : "0") +
-         " ring_capacity=" + std::to_string(options_.ring_capacity) + "\n";
+         " ring_capacity=" + std::to_string(options_.ring_capacity) +
+         " clock=" + (impl_->clock.tsc() ? "tsc" : "monotonic") + "\n";
     write_out(h.data(), h.size());
   } catch (...) {
   }
@@ -392,7 +388,7 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
       if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
     }
   }
-  const std::int64_t ts = monotonic_ns() - g_origin_ns;
+  const std::int64_t ts = impl_->clock.stamp();
   const int tid = cached_tid(pid_);
 
   TraceLane* lane = t_lane;
@@ -493,9 +489,9 @@ void line_prefix(Out& o, std::int64_t ts, int pid, int tid, int device) noexcept
 }
 
 // Formats one record as a line at `o`.
-void format_record(Out& o, int pid, std::size_t depth, const TraceRecord& r,
+void format_record(Out& o, std::int64_t ts_ns, int pid, std::size_t depth, const TraceRecord& r,
                    const std::uintptr_t* pcs, const char* nvtx_text) noexcept {
-  line_prefix(o, r.ts, pid, r.tid, r.device);
+  line_prefix(o, ts_ns, pid, r.tid, r.device);
   o.str(to_string(static_cast<EventKind>(r.kind)));
   o.ch(',');
   if (r.stream == kNoStream) o.ch('-');
@@ -569,8 +565,9 @@ std::size_t TraceWriter::drain_locked(bool final_pass) noexcept {
   auto room = [&]() {
     if (im.buf_len + kMaxLine > kBufferCapacity) flush_buffer();
   };
-  const std::int64_t cutoff =
-      final_pass ? INT64_MAX : monotonic_ns() - g_origin_ns;
+  // Taken on final passes too: it also refreshes the conversion of ticks to ns.
+  const std::int64_t now = im.ticks.anchor_now();
+  const std::int64_t cutoff = final_pass ? INT64_MAX : now;
   const std::size_t n = im.lanes.count();
   // The vectors are sized up front (reserve in the constructor) so this never allocates in a
   // signal handler; lanes beyond their size are taken on the next pass.
@@ -598,7 +595,7 @@ std::size_t TraceWriter::drain_locked(bool final_pass) noexcept {
     const std::size_t slot = lane->slot(im.cursor[best]);
     room();
     Out o{im.buf.get() + im.buf_len};
-    format_record(o, pid_, options_.stack_depth, lane->record(slot), lane->pcs(slot),
+    format_record(o, im.ticks.to_ns(best_ts), pid_, options_.stack_depth, lane->record(slot), lane->pcs(slot),
                   lane->nvtx(slot));
     im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
     // The producer reads the tail only when its lane looks full: hand space back in batches,
@@ -628,7 +625,7 @@ std::size_t TraceWriter::drain_locked(bool final_pass) noexcept {
   if (lost != 0) {
     room();
     Out o{im.buf.get() + im.buf_len};
-    line_prefix(o, monotonic_ns() - g_origin_ns, pid_, 0, -1);
+    line_prefix(o, im.ticks.now_ns(), pid_, 0, -1);
     o.str("dropped,-,0x0,0,0,ok,0,0,0,count=");
     o.u64(lost);
     o.ch('\n');

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "allocator/events.h"
+#include "trace/trace_clock.h"
 
 namespace cudalloc {
 
@@ -31,6 +32,8 @@ struct TraceOptions {
   // Records held in memory per allocating thread (each has its own lane); rounded up to a power
   // of two. 16384 records are about 1.3 MB a thread, without stacks.
   std::size_t ring_capacity = 16384;
+  // trace_clock: what stamps records (trace/trace_clock.h). The file's ts_ns is the same either way.
+  TraceClockSource clock = TraceClockSource::kTsc;
 };
 
 // Fills `out` (capacity bytes, not NUL-terminated) with the calling thread's current NVTX range

@@ -157,6 +157,45 @@ TEST_CASE("the header names the format, the columns, the process and the start t
   CHECK((st.st_mode & 0777 & ~0640) == 0);  // never group-writable or world-anything
 }
 
+TEST_CASE("ts_ns is CLOCK_MONOTONIC since load, whichever clock stamps the records") {
+  // Three records spread over ~60 ms, each bracketed by CLOCK_MONOTONIC readings; the writer
+  // drains between them, so the TSC's ticks are converted across several anchors. A wrong
+  // rate (even 1%) puts the last record outside its bracket.
+  for (const TraceClockSource source : {TraceClockSource::kTsc, TraceClockSource::kMonotonic}) {
+    CAPTURE(static_cast<int>(source));
+    TempDir dir;
+    const std::string path = dir / "t.csv";
+    std::vector<std::pair<std::int64_t, std::int64_t>> brackets;
+    {
+      TraceOptions options;
+      options.clock = source;
+      auto w = TraceWriter::open(path, options);
+      REQUIRE(w != nullptr);
+      for (int i = 0; i < 3; ++i) {
+        const std::int64_t before = monotonic_ns() - trace_origin_ns();
+        w->on_event(event(0x1000 + i));
+        brackets.emplace_back(before, monotonic_ns() - trace_origin_ns());
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      }
+      w->flush();
+    }
+    const bool tsc = source == TraceClockSource::kTsc && tsc_usable();
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() >= 6);
+    CHECK(lines[5].rfind("# options ", 0) == 0);
+    CHECK(lines[5].find(tsc ? " clock=tsc" : " clock=monotonic") != std::string::npos);
+    auto rows = records(path);
+    REQUIRE(rows.size() == 3);
+    constexpr std::int64_t kSlackNs = 20000;  // the anchors' jitter is tens of ns
+    for (int i = 0; i < 3; ++i) {
+      const std::int64_t ts = std::stoll(rows[i]["ts_ns"]);
+      CHECK(rows[i]["ptr"] == hex(0x1000 + i));
+      CHECK(ts >= brackets[i].first - kSlackNs);
+      CHECK(ts <= brackets[i].second + kSlackNs);
+    }
+  }
+}
+
 TEST_CASE("a process that never records starts no writer thread and writes no records") {
   TempDir dir;
   auto w = TraceWriter::open(dir / "t.csv", {});

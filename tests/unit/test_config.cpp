@@ -63,6 +63,7 @@ TEST_CASE("defaults", "[config]") {
   CHECK_FALSE(c.free_sync);
   CHECK(c.trace_stacks == 0);
   CHECK_FALSE(c.trace_nvtx);
+  CHECK(c.trace_tsc);
   CHECK_FALSE(c.no_caching);
   CHECK(c.trace_path.empty());
   CHECK(c.log_level == LogLevel::kWarn);
@@ -190,6 +191,16 @@ TEST_CASE("trace_stacks", "[config]") {
   CHECK(contains(e, "trace_stacks:65 is not accepted: out of range"));
   CHECK(contains(e, "from 0 to 64"));
   CHECK(contains(parse_err("trace_stacks:-1"), "trace_stacks:-1 is not accepted: negative"));
+}
+
+TEST_CASE("trace_clock", "[config]") {
+  CHECK_FALSE(parse_ok("trace_clock:monotonic").trace_tsc);
+  CHECK_FALSE(parse_ok("trace_clock:Monotonic").trace_tsc);
+  Config base;
+  base.trace_tsc = false;
+  CHECK(parse_ok("trace_clock:TSC", base).trace_tsc);
+  const std::string e = parse_err("trace_clock:realtime");
+  CHECK(contains(e, "trace_clock:realtime is not accepted: expected tsc or monotonic"));
 }
 
 TEST_CASE("roundup_power2_divisions single value", "[config]") {
@@ -546,7 +557,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false per_process_memory_fraction=1 "
-        "memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false free_epoch_mb=64 "
+        "memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
                              "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
@@ -554,7 +565,7 @@ TEST_CASE("describe", "[config]") {
       "max_split_size_mb:512,garbage_collection_threshold:0.75,"
       "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:true,"
       "per_process_memory_fraction:0.5,memory_limit_mb:4096,free_sync:true,trace_stacks:8,"
-      "trace_nvtx:true,single_stream:true");
+      "trace_nvtx:true,single_stream:true,trace_clock:monotonic");
   c.no_caching = true;
   c.trace_path = "/tmp/t.bin";
   c.log_level = LogLevel::kError;
@@ -565,7 +576,7 @@ TEST_CASE("describe", "[config]") {
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[1:1,512:2,1024:4,2048:8] expandable_segments=true "
         "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true single_stream=true trace_stacks=8 "
-        "trace_nvtx=true free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
+        "trace_nvtx=true trace_clock=monotonic free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");
 

@@ -99,7 +99,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   void retire(const std::shared_ptr<ThreadCache>& cache);
   void merge_deltas();
   void drain(ThreadCache& cache, bool bins);
-  bool refill(ThreadCache& cache);
+  bool refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded);
+  // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
+  ThreadCache* find_local_cache();
+  // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
+  void drain_own();
   void drain_all(bool bins);
 
   // --- blocks changing hands (device_allocator.cpp)

@@ -37,8 +37,19 @@ struct LocalCaches {
 
 }  // namespace
 
+namespace {
+thread_local LocalCaches t_local;
+}  // namespace
+
+ThreadCache* Impl::find_local_cache() {
+  for (LocalEntry& e : t_local.entries) {
+    if (e.id == id) return e.cache.get();
+  }
+  return nullptr;
+}
+
 ThreadCache& Impl::local_cache() {
-  thread_local LocalCaches local;
+  LocalCaches& local = t_local;
   for (LocalEntry& e : local.entries) {
     if (e.id == id) return *e.cache;
   }
@@ -89,7 +100,7 @@ void Impl::drain(ThreadCache& cache, bool bins) {
   while (batches.size() > (bins ? 0 : 2)) {
     // Records nothing here (this runs under the device lock and the cache's): a batch not
     // known past its fence joins the epoch, which loses nothing.
-    const bool passed = batch_fences.passed_now(batches.front().ticket);
+    const bool passed = batches.front().passed || batch_fences.passed_now(batches.front().ticket);
     for (Block* b : batches.front().blocks) {
       if (passed) {
         release_block(b);
@@ -103,24 +114,40 @@ void Impl::drain(ThreadCache& cache, bool bins) {
 }
 
 // Moves the blocks of this thread's oldest batch into its bins once a device fence recorded
-// after it is done (blocks with no room in the bins are spilled to the allocator). Called by
-// the owner with the cache locked, when its bins miss.
-bool Impl::refill(ThreadCache& cache) {
+// after it is done. Blocks of the key that missed (stream, rounded) beyond what its bin holds
+// stay in the batch for the next refill, which needs no fence query; others with no room in
+// their bins are spilled to the allocator. Called by the owner with the cache locked, when
+// its bins miss.
+bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded) {
   auto& batches = cache.batches();
-  if (batches.empty() || !batch_fences.passed(batches.front().ticket, backend)) return false;
-  for (Block* b : batches.front().blocks) {
+  if (batches.empty()) return false;
+  ThreadCache::Batch& batch = batches.front();
+  if (!batch.passed && !batch_fences.passed(batch.ticket, backend)) return false;
+  batch.passed = true;
+  std::size_t kept = 0;
+  for (Block* b : batch.blocks) {
+    const std::size_t size = sizes.round(b->requested);
+    if (size == rounded && b->stream == stream && cache.full(stream, size)) {
+      batch.blocks[kept++] = b;
+      continue;
+    }
     account_inactive(cache.delta(), b);
-    if (!cache.push(b, sizes.round(b->requested))) {
+    if (!cache.push(b, size)) {
       b->state = BlockState::kPending;
       cache.spill().push_back(b);
     }
   }
-  batches.pop_front();
+  batch.blocks.resize(kept);
+  if (kept == 0) batches.pop_front();
   return true;
 }
 
 void Impl::drain_all(bool bins) {
   for (auto& cache : caches) drain(*cache, bins);
+}
+
+void Impl::drain_own() {
+  if (ThreadCache* own = find_local_cache()) drain(*own, true);
 }
 
 Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
@@ -134,7 +161,7 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
     {
       std::lock_guard lock(cache.lock);
       b = cache.pop(stream, rounded);
-      if (b == nullptr && m.refill(cache)) b = cache.pop(stream, rounded);
+      if (b == nullptr && m.refill(cache, stream, rounded)) b = cache.pop(stream, rounded);
       if (b != nullptr) {
         b->state = BlockState::kAllocated;
         b->requested = bytes;

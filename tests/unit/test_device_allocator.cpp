@@ -249,18 +249,75 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
   CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(ThreadCache::kDepth * 4096));
 }
 
+TEST_CASE("a loop of cudaMalloc+cudaFree pairs records one device fence per batch") {
+  // One batch is outstanding at a time; it refills the bin kDepth blocks at a time, and only
+  // its first refill needs a fence. The blocks of the first batch serve every later pair.
+  Fixture f;
+  constexpr std::size_t kBatches = 8;
+  for (std::size_t i = 0; i < kBatches * ThreadCache::kBatchBlocks; ++i) {
+    f.alloc.free(f.get(4096), FreeOrder::kDevice);
+  }
+  CHECK(f.sim.device_fences() >= kBatches - 2);
+  CHECK(f.sim.device_fences() <= kBatches);
+  CHECK(f.sim.segment_calls() == 1);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("segment.all.current") == 1);
+}
+
+TEST_CASE("a small miss leaves other threads' caches alone unless memory is short") {
+  // Thread A fills a small segment and cudaFrees it all: its blocks wait in A's batches. Then
+  // this thread misses. With room for a new segment it cuts one and A keeps its batches (A
+  // gets its own blocks back); under a limit with no room, A's blocks serve this thread.
+  for (const bool short_of_memory : {false, true}) {
+    CAPTURE(short_of_memory);
+    AllocatorOptions o;
+    if (short_of_memory) o.memory_limit_bytes = 2 * kMiB;
+    Fixture f(o);
+    constexpr std::size_t kBlocks = 2 * kMiB / 4096;
+    std::set<DevicePtr> of_a;
+    std::atomic<int> step{0};
+    DevicePtr a_again = 0;
+    std::thread a_thread([&] {
+      for (std::size_t i = 0; i < kBlocks; ++i) of_a.insert(f.get(4096));
+      for (DevicePtr p : of_a) f.alloc.free(p, FreeOrder::kDevice);
+      step = 1;
+      while (step != 2) std::this_thread::yield();
+      a_again = f.get(4096);
+    });
+    while (step != 1) std::this_thread::yield();
+    CHECK(f.sim.segment_calls() == 1);
+    const DevicePtr mine = f.get(4096);
+    step = 2;
+    a_thread.join();
+    if (short_of_memory) {
+      CHECK(f.sim.segment_calls() == 1);
+      CHECK(of_a.count(mine) == 1);
+    } else {
+      CHECK(f.sim.segment_calls() == 2);
+      CHECK(of_a.count(mine) == 0);
+      CHECK(of_a.count(a_again) == 1);  // from A's own batch, fenced when A needed it
+    }
+    CHECK(a_again != mine);
+  }
+}
+
 TEST_CASE("threads share the device fences of their batches") {
   Fixture f;
   constexpr int kThreads = 4;
   std::vector<std::vector<DevicePtr>> mine(kThreads);
   // Each thread closes a batch of cudaFree'd blocks; none records a fence yet.
   std::vector<std::thread> ts;
+  std::atomic<int> allocated{0};
   std::atomic<int> closed{0};
   std::atomic<bool> go{false};
   for (int t = 0; t < kThreads; ++t) {
     ts.emplace_back([&, t] {
       std::vector<DevicePtr> ptrs;
       for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(8192));
+      // A thread that cuts a new segment first takes the others' unbatched frees into the
+      // allocator's epoch: every thread allocates before any frees, so each closes a batch.
+      allocated++;
+      while (allocated < kThreads) std::this_thread::yield();
       for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
       closed++;
       while (!go) std::this_thread::yield();

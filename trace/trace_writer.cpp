@@ -661,6 +661,8 @@ void* TraceWriter::thread_entry(void* self) noexcept {
 }
 
 void TraceWriter::thread_main() noexcept {
+  // Named, so that top and perf tell it from the program's threads.
+  pthread_setname_np(pthread_self(), "cudalloc-trace");
   while (!stop_.load(std::memory_order_acquire)) {
     std::size_t taken = 0;
     if (!paused_.load(std::memory_order_relaxed) && lock_consumer(false)) {

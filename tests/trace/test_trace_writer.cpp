@@ -2,6 +2,7 @@
 // overflow, fork, kill and fatal signals, file safety.
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -207,6 +208,31 @@ TEST_CASE("a process that never records starts no writer thread and writes no re
     if (line.rfind("Threads:", 0) == 0) before = std::stoi(line.substr(8));
   }
   CHECK(before == 1);
+}
+
+TEST_CASE("the writer thread is named cudalloc-trace") {
+  auto named = []() {
+    std::size_t n = 0;
+    DIR* d = ::opendir("/proc/self/task");
+    REQUIRE(d != nullptr);
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name == "cudalloc-trace") ++n;
+    }
+    ::closedir(d);
+    return n;
+  };
+  TempDir dir;
+  auto w = TraceWriter::open(dir / "t.csv", {});
+  REQUIRE(w != nullptr);
+  CHECK(named() == 0);
+  w->on_event(event(0x1000));
+  // The thread names itself as it starts.
+  for (int i = 0; i < 200 && named() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(named() == 1);
 }
 
 TEST_CASE("every allocator event becomes one record with the right fields") {

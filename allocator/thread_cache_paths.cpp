@@ -114,31 +114,28 @@ void Impl::drain(ThreadCache& cache, bool bins) {
 }
 
 // Moves the blocks of this thread's oldest batch into its bins once a device fence recorded
-// after it is done. Blocks of the key that missed (stream, rounded) beyond what its bin holds
-// stay in the batch for the next refill, which needs no fence query; others with no room in
-// their bins are spilled to the allocator. Called by the owner with the cache locked, when
-// its bins miss.
+// after it is done, until the bin that missed (stream, rounded) is full: the rest of the batch
+// waits for the next refill, which needs no fence query and visits only what it moves. Blocks
+// with no room in their bins are spilled to the allocator. Called by the owner with the cache
+// locked, when its bins miss.
 bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded) {
   auto& batches = cache.batches();
   if (batches.empty()) return false;
   ThreadCache::Batch& batch = batches.front();
   if (!batch.passed && !batch_fences.passed(batch.ticket, backend)) return false;
   batch.passed = true;
-  std::size_t kept = 0;
-  for (Block* b : batch.blocks) {
-    const std::size_t size = sizes.round(b->requested);
-    if (size == rounded && b->stream == stream && cache.full(stream, size)) {
-      batch.blocks[kept++] = b;
-      continue;
-    }
+  auto& blocks = batch.blocks;
+  std::size_t moved = 0;
+  for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
+    Block* b = blocks[moved];
     account_inactive(cache.delta(), b);
-    if (!cache.push(b, size)) {
+    if (!cache.push(b, sizes.round(b->requested))) {
       b->state = BlockState::kPending;
       cache.spill().push_back(b);
     }
   }
-  batch.blocks.resize(kept);
-  if (kept == 0) batches.pop_front();
+  blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(moved));
+  if (blocks.empty()) batches.pop_front();
   return true;
 }
 

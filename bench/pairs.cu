@@ -198,6 +198,15 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     for (int i = 0; i < n; ++i) sum += static_cast<long long>(__rdtscp(&aux));
     std::printf("probe rdtscp_ns=%.1f\n", std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n);
+    t0 = Clock::now();
+    for (int i = 0; i < n; ++i) sum += static_cast<long long>(__rdtsc());
+    std::printf("probe rdtsc_ns=%.1f\n", std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n);
+    t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      _mm_lfence();
+      sum += static_cast<long long>(__rdtsc());
+    }
+    std::printf("probe lfence_rdtsc_ns=%.1f\n", std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n);
 #endif
     return sum == 42 ? 1 : 0;  // keeps the loops
   }

@@ -31,8 +31,9 @@ class ThreadCache {
   // also the number of pairs per fence. A batch refills a bin kDepth blocks at a time.
   static constexpr std::size_t kBatchBlocks = 256;
   static constexpr std::size_t kBatchBytes = 16 * kMiB;
-  // Past this many deferred frees the owner hands them to the device allocator.
-  static constexpr std::size_t kMaxDeferred = 256;
+  // Past this many closed batches the owner hands the older ones to the device allocator.
+  // (Deferred frees never pile up past a batch: one is closed at kBatchBlocks.)
+  static constexpr std::size_t kMaxBatches = 8;
 
   struct Batch {
     std::uint64_t ticket;  // see fence_clock.h
@@ -77,7 +78,7 @@ class ThreadCache {
   bool batch_due() const { return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes; }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {
-    batches_.push_back(Batch{ticket, std::move(deferred_), false});
+    batches_.push_back(Batch{ticket, std::move(deferred_)});
     deferred_.clear();
     deferred_bytes_ = 0;
   }

@@ -35,10 +35,8 @@ struct LocalCaches {
   }
 };
 
-}  // namespace
-
-namespace {
 thread_local LocalCaches t_local;
+
 }  // namespace
 
 ThreadCache* Impl::find_local_cache() {
@@ -49,10 +47,8 @@ ThreadCache* Impl::find_local_cache() {
 }
 
 ThreadCache& Impl::local_cache() {
+  if (ThreadCache* found = find_local_cache()) return *found;
   LocalCaches& local = t_local;
-  for (LocalEntry& e : local.entries) {
-    if (e.id == id) return *e.cache;
-  }
   std::erase_if(local.entries, [](const LocalEntry& e) { return e.owner.expired(); });
   auto cache = std::make_shared<ThreadCache>();
   {
@@ -228,7 +224,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
           // records one per four batches, still well before the bins need that batch.
           if (batches.size() >= kCoverLag) cover_ticket = batches[batches.size() - kCoverLag].ticket;
         }
-        hand_over = cache.batches().size() > 8 || cache.deferred().size() >= ThreadCache::kMaxDeferred;
+        hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
       }
     }
     if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);

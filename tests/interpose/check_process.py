@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Process-level checks of libcudalloc.so.
 
-  check_process.py needed LIB          NEEDED entries only among libc/libm/libdl/libpthread/libstdc++/libgcc_s (+ ld-linux)
+  check_process.py needed LIB          NEEDED entries only among libc/libm/libdl/libpthread (+ ld-linux):
+                                       the C++ runtime is linked in, not loaded into the host
   check_process.py bad_config EXE      a malformed CUDALLOC_CONF: exit status 1 and one line on stderr
   check_process.py bad_config_no_cuda EXE   ... but a process that never touches CUDA is unchanged
   check_process.py traced EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: a closed trace with the
@@ -10,7 +11,7 @@
 """
 import os, re, subprocess, sys, tempfile
 
-ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'libstdc++.so', 'libgcc_s.so')
+ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'ld-linux')
 BAD_CONF = 'max_split_size_mb:banana'
 
 

@@ -166,7 +166,7 @@ DeviceAllocator::~DeviceAllocator() = default;
 
 Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
   std::lock_guard lock(impl_->mutex);
-  Block* b = impl_->live.get(ptr);
+  Block* b = impl_->find_live_locked(ptr);
   if (b == nullptr) return Status::kInvalidValue;
   if (stream != b->stream &&
       std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
@@ -189,8 +189,9 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
 }
 
 bool DeviceAllocator::owns(DevicePtr ptr) const {
-  // The common case, a live block's start, needs no lock: frees ask this first.
-  if (impl_->live.get(ptr) != nullptr) return true;
+  // The common case, a live block's start freed on the thread that allocated it, needs no
+  // device lock: frees ask this first.
+  if (impl_->live_here(ptr)) return true;
   std::lock_guard lock(impl_->mutex);
   return impl_->segments.containing(ptr) != nullptr;
 }
@@ -218,6 +219,7 @@ void DeviceAllocator::forget_all() {
     cache->spill().clear();
     cache->delta() = MemoryStats{};
     cache->hits = 0;
+    cache->live.clear();
   }
   m.fences.clear();
   m.batch_fences.clear();

@@ -97,6 +97,13 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();
   void retire(const std::shared_ptr<ThreadCache>& cache);
+  // The live block that starts at `ptr`, taken out of whichever table holds it; null if none.
+  Block* take_live(DevicePtr ptr);
+  // The same without taking it. Under `mutex`.
+  Block* find_live_locked(DevicePtr ptr);
+  // Whether `ptr` starts a live block of the shared map or of the calling thread's cache; no
+  // device lock.
+  bool live_here(DevicePtr ptr);
   void merge_deltas();
   void drain(ThreadCache& cache, bool bins);
   bool refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded);

@@ -1,6 +1,4 @@
-// Live blocks by address, sharded so that threads freeing different blocks rarely meet. Each
-// shard is an open-addressing table (linear probing, backward-shift deletion): an insert or a
-// removal allocates nothing, which keeps malloc off the hot path.
+// Live blocks by address: the table, and the map of the blocks that no thread cache holds.
 #pragma once
 
 #include <array>
@@ -14,43 +12,45 @@
 
 namespace cudalloc {
 
-class LiveMap {
+// An open-addressing table of live blocks by address (linear probing, backward-shift deletion):
+// an insert or a removal allocates nothing until the table grows, which keeps malloc off the
+// hot path. Not synchronized: its owner locks it.
+class LiveTable {
  public:
   void insert(DevicePtr ptr, Block* block) {
-    Shard& s = shard(ptr);
-    std::lock_guard lock(s.lock);
-    if ((s.count + 1) * 4 > s.capacity * 3) s.grow();
-    std::size_t i = slot(s, ptr);
-    while (s.slots[i].key != 0) i = (i + 1) & (s.capacity - 1);
-    s.slots[i] = Slot{ptr, block};
-    ++s.count;
+    if ((count_ + 1) * 4 > capacity_ * 3) grow();
+    std::size_t i = slot(ptr);
+    while (slots_[i].key != 0) i = (i + 1) & (capacity_ - 1);
+    slots_[i] = Slot{ptr, block};
+    ++count_;
   }
 
-  // Removes and returns the block that starts at `ptr`; null if none. Only one caller wins,
-  // so a racing double free is refused once.
+  // Removes and returns the block that starts at `ptr`; null if none.
   Block* take(DevicePtr ptr) {
-    Shard& s = shard(ptr);
-    std::lock_guard lock(s.lock);
-    const std::size_t i = find(s, ptr);
+    const std::size_t i = find(ptr);
     if (i == kMissing) return nullptr;
-    Block* b = s.slots[i].value;
-    erase_at(s, i);
+    Block* b = slots_[i].value;
+    erase_at(i);
     return b;
   }
 
-  Block* get(DevicePtr ptr) {
-    Shard& s = shard(ptr);
-    std::lock_guard lock(s.lock);
-    const std::size_t i = find(s, ptr);
-    return i == kMissing ? nullptr : s.slots[i].value;
+  Block* get(DevicePtr ptr) const {
+    const std::size_t i = find(ptr);
+    return i == kMissing ? nullptr : slots_[i].value;
+  }
+
+  bool empty() const { return count_ == 0; }
+
+  template <typename F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      if (slots_[i].key != 0) f(slots_[i].key, slots_[i].value);
+    }
   }
 
   void clear() {
-    for (Shard& s : shards_) {
-      std::lock_guard lock(s.lock);
-      for (std::size_t i = 0; i < s.capacity; ++i) s.slots[i] = Slot{};
-      s.count = 0;
-    }
+    for (std::size_t i = 0; i < capacity_; ++i) slots_[i] = Slot{};
+    count_ = 0;
   }
 
  private:
@@ -58,64 +58,101 @@ class LiveMap {
     DevicePtr key = 0;  // 0: empty (no block starts at address 0)
     Block* value = nullptr;
   };
-  struct alignas(64) Shard {
-    SpinLock lock;
-    std::unique_ptr<Slot[]> slots;
-    std::size_t capacity = 0;  // a power of two
-    std::size_t count = 0;
-
-    void grow() {
-      const std::size_t old_capacity = capacity;
-      std::unique_ptr<Slot[]> old = std::move(slots);
-      capacity = old_capacity == 0 ? 64 : old_capacity * 2;
-      slots = std::make_unique<Slot[]>(capacity);
-      for (std::size_t i = 0; i < old_capacity; ++i) {
-        if (old[i].key == 0) continue;
-        std::size_t j = slot(*this, old[i].key);
-        while (slots[j].key != 0) j = (j + 1) & (capacity - 1);
-        slots[j] = old[i];
-      }
-    }
-  };
-  static constexpr std::size_t kShards = 64;
   static constexpr std::size_t kMissing = ~std::size_t{0};
 
   static std::uint64_t mix(DevicePtr ptr) {
     std::uint64_t x = (ptr >> 9) * 0x9E3779B97F4A7C15ull;  // blocks are 512-byte aligned
     return x ^ (x >> 29);
   }
-  // The shard follows the 2 MiB region: a thread's blocks come from its stream's segments, so
-  // its operations stay on a few shards instead of bouncing every shard's cache line between
-  // cores. Slots within a shard hash the whole address.
-  Shard& shard(DevicePtr ptr) { return shards_[((ptr >> 21) * 0x9E3779B97F4A7C15ull) >> 58]; }
-  static std::size_t slot(const Shard& s, DevicePtr ptr) { return mix(ptr) & (s.capacity - 1); }
+  std::size_t slot(DevicePtr ptr) const { return mix(ptr) & (capacity_ - 1); }
 
-  static std::size_t find(const Shard& s, DevicePtr ptr) {
-    if (s.capacity == 0) return kMissing;
-    for (std::size_t i = slot(s, ptr);; i = (i + 1) & (s.capacity - 1)) {
-      if (s.slots[i].key == ptr) return i;
-      if (s.slots[i].key == 0) return kMissing;
+  std::size_t find(DevicePtr ptr) const {
+    if (capacity_ == 0) return kMissing;
+    for (std::size_t i = slot(ptr);; i = (i + 1) & (capacity_ - 1)) {
+      if (slots_[i].key == ptr) return i;
+      if (slots_[i].key == 0) return kMissing;
+    }
+  }
+
+  void grow() {
+    const std::size_t old_capacity = capacity_;
+    std::unique_ptr<Slot[]> old = std::move(slots_);
+    capacity_ = old_capacity == 0 ? 64 : old_capacity * 2;
+    slots_ = std::make_unique<Slot[]>(capacity_);
+    for (std::size_t i = 0; i < old_capacity; ++i) {
+      if (old[i].key == 0) continue;
+      std::size_t j = slot(old[i].key);
+      while (slots_[j].key != 0) j = (j + 1) & (capacity_ - 1);
+      slots_[j] = old[i];
     }
   }
 
   // Removes slot i and shifts later members of its probe run back, so no tombstones build up.
-  static void erase_at(Shard& s, std::size_t i) {
-    const std::size_t mask = s.capacity - 1;
+  void erase_at(std::size_t i) {
+    const std::size_t mask = capacity_ - 1;
     std::size_t j = i;
     for (;;) {
       j = (j + 1) & mask;
-      if (s.slots[j].key == 0) break;
-      const std::size_t home = slot(s, s.slots[j].key);
+      if (slots_[j].key == 0) break;
+      const std::size_t home = slot(slots_[j].key);
       // Move j back into the hole at i unless its home lies cyclically in (i, j].
       const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
       if (!stays) {
-        s.slots[i] = s.slots[j];
+        slots_[i] = slots_[j];
         i = j;
       }
     }
-    s.slots[i] = Slot{};
-    --s.count;
+    slots_[i] = Slot{};
+    --count_;
   }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t capacity_ = 0;  // a power of two
+  std::size_t count_ = 0;
+};
+
+// The live blocks that no thread cache holds (ThreadCache::live holds those a thread took from
+// its cache), sharded so that threads freeing different blocks rarely meet.
+class LiveMap {
+ public:
+  void insert(DevicePtr ptr, Block* block) {
+    Shard& s = shard(ptr);
+    std::lock_guard lock(s.lock);
+    s.table.insert(ptr, block);
+  }
+
+  // Removes and returns the block that starts at `ptr`; null if none. Only one caller wins,
+  // so a racing double free is refused once.
+  Block* take(DevicePtr ptr) {
+    Shard& s = shard(ptr);
+    std::lock_guard lock(s.lock);
+    return s.table.take(ptr);
+  }
+
+  Block* get(DevicePtr ptr) {
+    Shard& s = shard(ptr);
+    std::lock_guard lock(s.lock);
+    return s.table.get(ptr);
+  }
+
+  void clear() {
+    for (Shard& s : shards_) {
+      std::lock_guard lock(s.lock);
+      s.table.clear();
+    }
+  }
+
+ private:
+  struct alignas(64) Shard {
+    SpinLock lock;
+    LiveTable table;
+  };
+  static constexpr std::size_t kShards = 64;
+
+  // The shard follows the 2 MiB region: a thread's blocks come from its stream's segments, so
+  // its operations stay on a few shards instead of bouncing every shard's cache line between
+  // cores. Slots within a shard hash the whole address.
+  Shard& shard(DevicePtr ptr) { return shards_[((ptr >> 21) * 0x9E3779B97F4A7C15ull) >> 58]; }
 
   std::array<Shard, kShards> shards_;
 };

@@ -3,9 +3,12 @@
 // size): a block may be larger than the request it served, and serves the same request again.
 // Blocks freed with cudaFree wait in `deferred`; the owner closes them into batches behind
 // device fences shared across threads (fence_clock.h), and once a batch's fence completes its
-// blocks refill the bins. The owner thread takes `lock`
-// uncontended; the device allocator takes it to drain the cache under pressure and to read
-// the statistics deltas.
+// blocks refill the bins. `live` holds the blocks this thread took from its bins and has not
+// freed yet, so that a block allocated and freed on one thread touches no line another thread
+// writes (threads of cudaMalloc share segments, so a map sharded by address puts their blocks
+// side by side). The owner thread takes `lock` uncontended; the device allocator takes it to
+// drain the cache under pressure, to read the statistics deltas, and to find a block freed by
+// another thread.
 #pragma once
 
 #include <array>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "allocator/block.h"
+#include "allocator/live_map.h"
 #include "allocator/memory_stats.h"
 #include "allocator/spin_lock.h"
 
@@ -89,6 +93,7 @@ class ThreadCache {
   // Statistics changes made on the hot path, folded into the allocator's under its lock.
   MemoryStats& delta() { return delta_; }
   std::int64_t hits = 0;
+  LiveTable live;
 
   SpinLock lock;
 

@@ -62,7 +62,47 @@ ThreadCache& Impl::local_cache() {
 void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
   std::lock_guard lock(mutex);
   drain(*cache, true);
+  {
+    std::lock_guard cache_lock(cache->lock);
+    cache->live.for_each([this](DevicePtr p, Block* b) { live.insert(p, b); });
+    cache->live.clear();
+  }
   std::erase(caches, cache);
+}
+
+// The calling thread's own table first (a block allocated and freed on one thread: no line
+// another thread writes), then the shared map, then, under the lock, the other threads'
+// tables: a block freed by a thread other than the one that took it from its cache.
+Block* Impl::take_live(DevicePtr ptr) {
+  if (ThreadCache* own = find_local_cache()) {
+    std::lock_guard lock(own->lock);
+    if (Block* b = own->live.take(ptr)) return b;
+  }
+  if (Block* b = live.take(ptr)) return b;
+  std::lock_guard lock(mutex);
+  for (auto& cache : caches) {
+    std::lock_guard cache_lock(cache->lock);
+    if (Block* b = cache->live.take(ptr)) return b;
+  }
+  // A thread that exited since the first look handed its table to the shared map (retire).
+  return live.take(ptr);
+}
+
+bool Impl::live_here(DevicePtr ptr) {
+  if (ThreadCache* own = find_local_cache()) {
+    std::lock_guard lock(own->lock);
+    if (own->live.get(ptr) != nullptr) return true;
+  }
+  return live.get(ptr) != nullptr;
+}
+
+Block* Impl::find_live_locked(DevicePtr ptr) {
+  if (Block* b = live.get(ptr)) return b;
+  for (auto& cache : caches) {
+    std::lock_guard cache_lock(cache->lock);
+    if (Block* b = cache->live.get(ptr)) return b;
+  }
+  return nullptr;
 }
 
 // Folds every thread's hot-path statistics into `stats`. Done before the locked path changes
@@ -160,6 +200,7 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
         b->requested = bytes;
         account_alloc(cache.delta(), b, m.sizes.is_oversize(b->size));
         ++cache.hits;
+        cache.live.insert(b->ptr, b);
       }
       spilled = !cache.spill().empty();
     }
@@ -169,7 +210,6 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
     }
     if (b != nullptr) {
       m.count_allocated(static_cast<std::int64_t>(b->size));
-      m.live.insert(b->ptr, b);
       *out = b->ptr;
       m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true);
       return Status::kOk;
@@ -181,7 +221,7 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
 
 Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
-  Block* b = m.live.take(ptr);
+  Block* b = m.take_live(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
   // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
   // there for the next device fence.

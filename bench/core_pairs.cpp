@@ -1,7 +1,7 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
-//   core_pairs [--threads N] [--iters N] [--trace PATH [--trace-monotonic]]: pairs at 64 KiB and
-//   16 MiB, both free orders; with --trace the allocator reports to a TraceWriter writing PATH
+//   core_pairs [--threads N] [--iters N] [--only CASE] [--trace PATH [--trace-monotonic]]: pairs
+//   at 64 KiB and 16 MiB, both free orders (--only: the case of that name, for profiling); with --trace the allocator reports to a TraceWriter writing PATH
 //   (what tracing costs), its records stamped with the TSC or, with --trace-monotonic,
 //   clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
@@ -75,7 +75,7 @@ static void mix(std::size_t max_live, FreeOrder order, int ops) {
 int main(int argc, char** argv) {
   int threads = 1, iters = 2000000;
   std::size_t live = 0;
-  const char* only = nullptr;  // --only device|stream: one free order of the mix
+  const char* only = nullptr;  // --only: one free order of the mix (device|stream), or one case
   const char* trace = nullptr;
   TraceOptions trace_options;
   for (int i = 1; i < argc; ++i) {
@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
       {"cudaFreeAsync_16MiB", 16 << 20, FreeOrder::kStream, true},
   };
   for (const Case& c : cases) {
+    if (only != nullptr && std::strcmp(only, c.name) != 0) continue;
     std::vector<double> ns(threads);
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {

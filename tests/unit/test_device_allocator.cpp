@@ -638,6 +638,42 @@ TEST_CASE("a block cached by one thread is freed by another") {
   CHECK(f.stat("allocated_bytes.all.current") == 8192);
 }
 
+TEST_CASE("a block a thread took from its cache is found and freed from other threads, before and after that thread exits") {
+  Fixture f;
+  // A cache hit on a thread: the block is recorded in that thread's own table.
+  auto hit_on_this_thread = [&] {
+    DevicePtr p = f.get(8192);
+    REQUIRE(f.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+    const std::int64_t hits = f.stat("num_cache_hits");
+    DevicePtr q = f.get(8192);
+    REQUIRE(q == p);
+    REQUIRE(f.stat("num_cache_hits") == hits + 1);
+    return q;
+  };
+  DevicePtr live_thread_block = 0;
+  std::atomic<int> step{0};
+  std::thread owner([&] {
+    live_thread_block = hit_on_this_thread();
+    step = 1;
+    while (step != 2) std::this_thread::yield();  // stays alive while the main thread frees
+  });
+  while (step != 1) std::this_thread::yield();
+  CHECK(f.alloc.owns(live_thread_block));
+  CHECK(f.alloc.record_stream(live_thread_block, kStreamB) == Status::kOk);
+  CHECK(f.alloc.free(live_thread_block, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(f.alloc.free(live_thread_block, FreeOrder::kCompleted) == Status::kInvalidValue);
+  step = 2;
+  owner.join();
+
+  DevicePtr orphan = 0;
+  std::thread([&] { orphan = hit_on_this_thread(); }).join();
+  // Its thread exited: the block is still live and still this allocator's.
+  CHECK(f.alloc.owns(orphan));
+  CHECK(f.alloc.free(orphan, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(f.alloc.free(orphan, FreeOrder::kCompleted) == Status::kInvalidValue);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+}
+
 TEST_CASE("threads allocating and freeing at once never share a byte") {
   Fixture f;
   constexpr int kThreads = 8;

@@ -97,8 +97,9 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();
   void retire(const std::shared_ptr<ThreadCache>& cache);
-  // The live block that starts at `ptr`, taken out of whichever table holds it; null if none.
-  Block* take_live(DevicePtr ptr);
+  // The live block that starts at `ptr`, taken out of the shared map or another thread's
+  // table; null if none.
+  Block* take_live_elsewhere(DevicePtr ptr);
   // The same without taking it. Under `mutex`.
   Block* find_live_locked(DevicePtr ptr);
   // Whether `ptr` starts a live block of the shared map or of the calling thread's cache; no

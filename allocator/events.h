@@ -1,6 +1,6 @@
 // What the allocator tells an observer (the trace writer, statistics exporters).
-// Observers are called on the allocating thread, sometimes under the device lock: they must
-// only copy the record somewhere and return.
+// Observers are called on the allocating thread, sometimes under the device lock or a thread
+// cache's lock: they must only copy the record somewhere and return, never call back in.
 #pragma once
 
 #include <cstddef>

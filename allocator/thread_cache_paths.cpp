@@ -70,14 +70,9 @@ void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
   std::erase(caches, cache);
 }
 
-// The calling thread's own table first (a block allocated and freed on one thread: no line
-// another thread writes), then the shared map, then, under the lock, the other threads'
-// tables: a block freed by a thread other than the one that took it from its cache.
-Block* Impl::take_live(DevicePtr ptr) {
-  if (ThreadCache* own = find_local_cache()) {
-    std::lock_guard lock(own->lock);
-    if (Block* b = own->live.take(ptr)) return b;
-  }
+// The shared map, then, under the lock, every thread's table: a block freed by a thread other
+// than the one that took it from its cache. (free() looks in the caller's own table first.)
+Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   if (Block* b = live.take(ptr)) return b;
   std::lock_guard lock(mutex);
   for (auto& cache : caches) {
@@ -221,7 +216,18 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
 
 Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
-  Block* b = m.take_live(ptr);
+  // The calling thread's own table first, keeping its lock: a block allocated and freed on one
+  // thread goes back to that thread's cache under a single lock, touching no line another
+  // thread writes.
+  ThreadCache* own = m.options.thread_cache ? m.find_local_cache() : nullptr;
+  std::unique_lock<SpinLock> held;
+  Block* b = nullptr;
+  if (own != nullptr) {
+    held = std::unique_lock<SpinLock>(own->lock);
+    b = own->live.take(ptr);
+    if (b == nullptr) held.unlock();
+  }
+  if (b == nullptr) b = m.take_live_elsewhere(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
   // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
   // there for the next device fence.
@@ -231,42 +237,42 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
   // neighbours from coalescing, and fragmentation costs more than a lock at those sizes.
   if (m.options.thread_cache && b->segment->pool == PoolKind::kSmall &&
       (reusable || order == FreeOrder::kDevice)) {
-    ThreadCache& cache = m.local_cache();
+    ThreadCache& cache = own != nullptr ? *own : m.local_cache();
+    if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);
     const std::size_t size = b->size;
     const std::size_t requested = b->requested;
-    // Reported while this thread still owns the block: once in the cache, another thread may
-    // drain it, and an observer must not hear of this free after the block's next life began.
+    // Reported before the block enters the cache, where another thread may drain it (under the
+    // cache's lock, held here): an observer must not hear of this free after the block's next
+    // life began.
     m.count_allocated(-static_cast<std::int64_t>(size));
     m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
     bool cached = false;
     bool hand_over = false;
     std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock
-    {
-      std::lock_guard lock(cache.lock);
-      account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
-      if (reusable) {
-        account_inactive(cache.delta(), b);
-        cached = cache.push(b, m.sizes.round(requested));
-        if (!cached) b->state = BlockState::kPending;
-      } else {
-        b->state = BlockState::kPending;
-        b->stream_uses.clear();
-        cache.deferred().push_back(b);
-        cache.deferred_bytes() += b->size;
-        cached = true;
-        // A full batch is closed with a ticket and put behind a device fence shared by every
-        // batch closed so far (fence_clock.h). Too many outstanding batches go to the
-        // allocator instead.
-        if (cache.batch_due()) {
-          cache.close_batch(m.batch_fences.stamp());
-          const auto& batches = cache.batches();
-          // A fence costs microseconds (an event per stream); covering the batch three back
-          // records one per four batches, still well before the bins need that batch.
-          if (batches.size() >= kCoverLag) cover_ticket = batches[batches.size() - kCoverLag].ticket;
-        }
-        hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
+    account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
+    if (reusable) {
+      account_inactive(cache.delta(), b);
+      cached = cache.push(b, m.sizes.round(requested));
+      if (!cached) b->state = BlockState::kPending;
+    } else {
+      b->state = BlockState::kPending;
+      b->stream_uses.clear();
+      cache.deferred().push_back(b);
+      cache.deferred_bytes() += b->size;
+      cached = true;
+      // A full batch is closed with a ticket and put behind a device fence shared by every
+      // batch closed so far (fence_clock.h). Too many outstanding batches go to the
+      // allocator instead.
+      if (cache.batch_due()) {
+        cache.close_batch(m.batch_fences.stamp());
+        const auto& batches = cache.batches();
+        // A fence costs microseconds (an event per stream); covering the batch three back
+        // records one per four batches, still well before the bins need that batch.
+        if (batches.size() >= kCoverLag) cover_ticket = batches[batches.size() - kCoverLag].ticket;
       }
+      hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
     }
+    held.unlock();
     if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);
     if (cached && !hand_over) return Status::kOk;
     std::lock_guard lock(m.mutex);
@@ -274,6 +280,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     if (hand_over) m.drain(cache, false);
     return Status::kOk;
   }
+  if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
   std::lock_guard lock(m.mutex);
   m.free(b, order, stream, async);
   return Status::kOk;

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""scripts/bench --report on a results file made here: the driver-API table and its target rows
+follow from the figures in the file, a size with no driver figure gets no row, and a results
+file that cannot be read gives one line and a non-zero exit status."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BENCH = sys.argv[1]
+
+
+def pair(size, ns, is_async, driver=False):
+    row = {"kind": "pair", "size": float(size), "async": float(is_async), "median_ns": float(ns),
+           "p99_ns": float(2 * ns), "runs": 3.0}
+    if driver:
+        row["driver"] = 1.0
+    return row
+
+
+POOL = {512: 900.0, 65536: 700.0}          # cudaMallocAsync through the runtime
+OURS = {512: 150.0, 65536: 160.0}          # cudalloc, cudaMalloc path
+OURS_ASYNC = {512: 120.0, 65536: 110.0}    # cudalloc, async path
+D_POOL, D_OURS, D_OURS_ASYNC = 640.0, 70.0, 58.0  # through the driver API, 512 B only
+
+
+def results():
+    def variant(table, is_async):
+        return {"pairs": [pair(s, ns, is_async) for s, ns in table.items()], "mix": [], "threads": []}
+    return {
+        "command": "scripts/bench --quick --no-torch",
+        "device": {"gpu": "Test GPU, 0.0, 1024 MiB", "torch": "none", "date": "2026-01-01"},
+        "skipped": {},
+        "micro": {
+            "cudaMallocAsync": variant(POOL, 1),
+            "cudalloc": variant(OURS, 0),
+            "cudalloc async": variant(OURS_ASYNC, 1),
+            "driver": {
+                "cudaMallocAsync": {"pairs": [pair(512, D_POOL, 1, True)]},
+                "cudalloc": {"pairs": [pair(512, D_OURS, 0, True)]},
+                "cudalloc async": {"pairs": [pair(512, D_OURS_ASYNC, 1, True)]},
+            },
+        },
+    }
+
+
+def report(path, out):
+    return subprocess.run([sys.executable, BENCH, "--report", path, "--markdown", out],
+                          capture_output=True, text=True, timeout=60)
+
+
+def fails(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        src, out = os.path.join(d, "r.json"), os.path.join(d, "r.md")
+        with open(src, "w") as f:
+            json.dump(results(), f)
+        p = report(src, out)
+        if p.returncode != 0:
+            fails(f"--report exit {p.returncode}: {p.stderr}")
+        md = open(out).read().splitlines()
+
+        # The driver table: one row, for 512 B, with the runtime's share of the async pair.
+        rows = [l for l in md if l.startswith("| 512 B |") and f"{D_POOL:.0f} ns" in l]
+        if len(rows) != 1:
+            fails(f"expected one driver-API row for 512 B, got {rows}")
+        share = OURS_ASYNC[512] - D_OURS_ASYNC
+        want = (f"| 512 B | {D_POOL:.0f} ns / {2 * D_POOL:.0f} ns | {D_OURS:.0f} ns / {2 * D_OURS:.0f} ns "
+                f"| {D_OURS_ASYNC:.0f} ns / {2 * D_OURS_ASYNC:.0f} ns | {share:.0f} ns |")
+        if rows[0] != want:
+            fails(f"driver row\n  got  {rows[0]}\n  want {want}")
+        start = md.index("## The same pairs through the driver API (median / p99)")
+        table_end = next(i for i in range(start + 1, len(md)) if md[i].startswith("## "))
+        if any(l.startswith("| 65536 B |") for l in md[start:table_end]):
+            fails("a size with no driver-API figures got a row in the driver table")
+
+        # Its target row: the pool against the faster of the two cudalloc paths.
+        ratio = D_POOL / min(D_OURS, D_OURS_ASYNC)
+        met = "yes" if ratio >= 10 else "no"
+        target = [l for l in md if l.startswith("| ... the same through the driver API")]
+        want = (f"| ... the same through the driver API (cuMemAlloc/cuMemAllocAsync, no runtime), 512 B "
+                f"| {ratio:.1f}x ({min(D_OURS, D_OURS_ASYNC):.0f} ns vs {D_POOL:.0f} ns) | {met} |")
+        if target != [want]:
+            fails(f"driver target rows\n  got  {target}\n  want {[want]}")
+        # The runtime rows still compare the runtime figures.
+        r = POOL[65536] / min(OURS[65536], OURS_ASYNC[65536])
+        want = (f"| cached pair >= 10x faster than the warm cudaMallocAsync pool, 65536 B | {r:.1f}x "
+                f"({min(OURS[65536], OURS_ASYNC[65536]):.0f} ns vs {POOL[65536]:.0f} ns) | {'yes' if r >= 10 else 'no'} |")
+        if want not in md:
+            fails(f"runtime target row missing: {want}")
+
+        # Without a driver section there is no driver table and no driver target row.
+        res = results()
+        del res["micro"]["driver"]
+        with open(src, "w") as f:
+            json.dump(res, f)
+        p = report(src, out)
+        text = open(out).read()
+        if p.returncode != 0 or "through the driver API" in text:
+            fails("a results file without driver figures still got a driver table or target")
+
+        # Unreadable input (truncated, or JSON of another shape): one line on stderr, exit
+        # status 2, no traceback.
+        for bad in ('{"micro": ', '{"device": "a string", "micro": {}}', '[1, 2]'):
+            with open(src, "w") as f:
+                f.write(bad)
+            p = report(src, out)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            if p.returncode != 2 or len(lines) != 1 or "Traceback" in p.stderr:
+                fails(f"results file {bad!r}: exit {p.returncode}, stderr {p.stderr!r}")
+    print("ok")
+
+
+main()

@@ -19,6 +19,7 @@
 #include "allocator/fence_clock.h"
 #include "allocator/free_blocks.h"
 #include "allocator/live_map.h"
+#include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
 #include "allocator/stream_fence.h"
@@ -45,6 +46,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   FenceQueue fences;
   FenceClock batch_fences;  // the device fences of the thread caches' batches
   LiveMap live;
+  RegionFilter regions;  // where this allocator's memory may lie (note_device_alloc)
   std::vector<std::shared_ptr<ThreadCache>> caches;
   // Allocated bytes for the observer's records, kept across threads only while an observer is
   // attached (it costs a shared atomic per operation). Attach it before the first allocation.

@@ -14,6 +14,7 @@ bool Impl::fits_under_limit(std::size_t bytes) const {
 }
 
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  regions.add(ptr, bytes);
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);
   ++stats.num_device_alloc;
   add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));

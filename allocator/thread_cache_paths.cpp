@@ -74,6 +74,7 @@ void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
 // than the one that took it from its cache. (free() looks in the caller's own table first.)
 Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   if (Block* b = live.take(ptr)) return b;
+  if (!regions.may_hold(ptr)) return nullptr;  // not ours: no need for the device lock
   std::lock_guard lock(mutex);
   for (auto& cache : caches) {
     std::lock_guard cache_lock(cache->lock);

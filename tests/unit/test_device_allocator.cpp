@@ -674,6 +674,18 @@ TEST_CASE("a block a thread took from its cache is found and freed from other th
   CHECK(f.stat("allocated_bytes.all.current") == 0);
 }
 
+TEST_CASE("a pointer of another allocator is refused from any thread and stays live there") {
+  Fixture a;
+  Fixture b;
+  DevicePtr theirs = b.get(8192);
+  DevicePtr mine = a.get(8192);
+  CHECK(a.alloc.free(theirs, FreeOrder::kCompleted) == Status::kInvalidValue);
+  std::thread([&] { CHECK(a.alloc.free(theirs, FreeOrder::kDevice) == Status::kInvalidValue); }).join();
+  CHECK(b.stat("allocated_bytes.all.current") == 8192);
+  CHECK(b.alloc.free(theirs, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(a.alloc.free(mine, FreeOrder::kCompleted) == Status::kOk);
+}
+
 TEST_CASE("threads allocating and freeing at once never share a byte") {
   Fixture f;
   constexpr int kThreads = 8;

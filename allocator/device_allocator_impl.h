@@ -107,6 +107,16 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // Whether `ptr` starts a live block of the shared map or of the calling thread's cache; no
   // device lock.
   bool live_here(DevicePtr ptr);
+  // The first block `look` finds in a thread's live table, each table under its cache's lock;
+  // null if none. Under `mutex` (it guards `caches`).
+  template <typename F>
+  Block* in_thread_tables(F&& look) {
+    for (auto& cache : caches) {
+      std::lock_guard cache_lock(cache->lock);
+      if (Block* b = look(cache->live)) return b;
+    }
+    return nullptr;
+  }
   void merge_deltas();
   void drain(ThreadCache& cache, bool bins);
   bool refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded);

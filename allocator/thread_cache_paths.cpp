@@ -76,10 +76,7 @@ Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   if (Block* b = live.take(ptr)) return b;
   if (!regions.may_hold(ptr)) return nullptr;  // not ours: no need for the device lock
   std::lock_guard lock(mutex);
-  for (auto& cache : caches) {
-    std::lock_guard cache_lock(cache->lock);
-    if (Block* b = cache->live.take(ptr)) return b;
-  }
+  if (Block* b = in_thread_tables([ptr](LiveTable& t) { return t.take(ptr); })) return b;
   // A thread that exited since the first look handed its table to the shared map (retire).
   return live.take(ptr);
 }
@@ -94,11 +91,7 @@ bool Impl::live_here(DevicePtr ptr) {
 
 Block* Impl::find_live_locked(DevicePtr ptr) {
   if (Block* b = live.get(ptr)) return b;
-  for (auto& cache : caches) {
-    std::lock_guard cache_lock(cache->lock);
-    if (Block* b = cache->live.get(ptr)) return b;
-  }
-  return nullptr;
+  return in_thread_tables([ptr](LiveTable& t) { return t.get(ptr); });
 }
 
 // Folds every thread's hot-path statistics into `stats`. Done before the locked path changes

@@ -1,9 +1,9 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
 //   core_pairs [--threads N] [--iters N] [--only CASE] [--trace PATH [--trace-monotonic]]: pairs
-//   at 64 KiB and 16 MiB, both free orders (--only: the case of that name, for profiling); with --trace the allocator reports to a TraceWriter writing PATH
-//   (what tracing costs), its records stamped with the TSC or, with --trace-monotonic,
-//   clock_gettime
+//   at 64 KiB and 16 MiB, both free orders (--only: the case of that name, for profiling); with
+//   --trace the allocator reports to a TraceWriter writing PATH (what tracing costs), its
+//   records stamped with the TSC or, with --trace-monotonic, clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>

@@ -78,13 +78,14 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
 
   void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
               std::size_t rounded, Status result = Status::kOk, bool async = false,
-              bool hit = false) {
+              bool hit = false, bool local = false) {
     AllocatorObserver* o = observer.load(std::memory_order_acquire);
     if (o == nullptr) return;
     AllocatorEvent e{};
     e.kind = kind;
     e.async = async;
     e.cache_hit = hit;
+    e.local = local;
     e.result = result;
     e.device = device;
     e.stream = stream;

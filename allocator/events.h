@@ -27,6 +27,10 @@ struct AllocatorEvent {
   EventKind kind;
   bool async = false;      // cudaMallocAsync / cudaFreeAsync
   bool cache_hit = false;  // kAlloc: served from cached memory without a device call
+  // Every earlier event about this block was reported by this thread: a hit in the thread's own
+  // cache (only its own frees fill it), or a free of a block it allocated. An observer that
+  // orders records across threads by time need not fence this one against other threads'.
+  bool local = false;
   Status result = Status::kOk;
   int device = 0;
   StreamHandle stream = 0;

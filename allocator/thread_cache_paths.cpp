@@ -200,7 +200,7 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
     if (b != nullptr) {
       m.count_allocated(static_cast<std::int64_t>(b->size));
       *out = b->ptr;
-      m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true);
+      m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true, /*local=*/true);
       return Status::kOk;
     }
   }
@@ -221,6 +221,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     b = own->live.take(ptr);
     if (b == nullptr) held.unlock();
   }
+  const bool found_own = b != nullptr;
   if (b == nullptr) b = m.take_live_elsewhere(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
   // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
@@ -239,7 +240,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
     m.count_allocated(-static_cast<std::int64_t>(size));
-    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
+    m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async, false, /*local=*/found_own);
     bool cached = false;
     bool hand_over = false;
     std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock

@@ -49,6 +49,17 @@ class TraceClock {
     return monotonic_ns() - trace_origin_ns();
   }
 
+  // For a record whose causes were all recorded by this thread (AllocatorEvent::local): RDTSC
+  // does not wait for earlier loads, which RDTSCP spends ~15 ns of a record on. The thread's
+  // own order is kept by its lane, and the writer keeps the stamp from going below the lane's
+  // previous one.
+  std::int64_t stamp_local() const noexcept {
+#if defined(__x86_64__)
+    if (tsc_) return static_cast<std::int64_t>(__rdtsc());
+#endif
+    return monotonic_ns() - trace_origin_ns();
+  }
+
  private:
   bool tsc_;
 };

@@ -78,6 +78,13 @@ class TraceLane {
     prefetch_for_write(&records_[(h + kPrefetchAhead) & mask_]);
     return static_cast<std::size_t>(h & mask_);
   }
+  // `ts` raised, where needed, to the lane's previous stamp, so a thread's records never go
+  // back in time (a local stamp is not ordered after the previous one: TraceClock).
+  std::int64_t order_stamp(std::int64_t ts) noexcept {
+    if (ts < last_ts_) ts = last_ts_;
+    last_ts_ = ts;
+    return ts;
+  }
   // Makes the claimed record visible; returns its position (for wake-up pacing).
   std::uint64_t publish() noexcept {
     const std::uint64_t h = head_local_++;
@@ -119,6 +126,7 @@ class TraceLane {
   std::uint64_t head_local_ = 0;
   std::uint64_t tail_seen_ = 0;
   std::uint64_t dropped_local_ = 0;
+  std::int64_t last_ts_ = 0;
   // Consumer line.
   alignas(64) std::atomic<std::uint64_t> tail_{0};
   std::uint64_t dropped_reported_ = 0;

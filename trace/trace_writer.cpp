@@ -388,7 +388,7 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
       if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
     }
   }
-  const std::int64_t ts = impl_->clock.stamp();
+  const std::int64_t ts = e.local ? impl_->clock.stamp_local() : impl_->clock.stamp();
   const int tid = cached_tid(pid_);
 
   TraceLane* lane = t_lane;
@@ -401,7 +401,7 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
     return;
   }
   TraceRecord& r = lane->record(slot);
-  r.ts = ts;
+  r.ts = lane->order_stamp(ts);
   r.ptr = e.ptr;
   r.stream = e.stream;
   r.requested = e.requested;

@@ -23,6 +23,7 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
+#include "trace/trace_lanes.h"
 #include "trace/trace_writer.h"
 
 using namespace cudalloc;
@@ -421,6 +422,43 @@ TEST_CASE("an event handed between threads is written after the one that caused 
     if (rows[i]["ptr"] != hex(0x1000 + i)) ++misplaced;
   }
   CHECK(misplaced == 0);
+}
+
+TEST_CASE("a lane never stamps a record before the one it holds before it") {
+  // Local events are stamped without a fence (TraceClock::stamp_local): an earlier reading can
+  // come back; the lane raises it so a thread's records stay in time order.
+  TraceLane lane(8, 0, 0);
+  CHECK(lane.order_stamp(100) == 100);
+  CHECK(lane.order_stamp(90) == 100);
+  CHECK(lane.order_stamp(101) == 101);
+  CHECK(lane.order_stamp(101) == 101);
+  CHECK(lane.order_stamp(5) == 101);
+}
+
+TEST_CASE("local and fenced records of one thread keep its order") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  constexpr int kRecords = 5000;
+  {
+    auto w = TraceWriter::open(path, TraceOptions{});
+    REQUIRE(w != nullptr);
+    for (int i = 0; i < kRecords; ++i) {
+      AllocatorEvent e = event(0x1000 + i, i % 2 == 0 ? EventKind::kAlloc : EventKind::kFree);
+      e.local = i % 3 != 0;
+      w->on_event(e);
+    }
+    w->flush();
+    REQUIRE(w->dropped_total() == 0);
+  }
+  auto rows = records(path);
+  REQUIRE(rows.size() == std::size_t(kRecords));
+  std::int64_t last = -1;
+  for (int i = 0; i < kRecords; ++i) {
+    CHECK(rows[i]["ptr"] == hex(0x1000 + i));
+    const std::int64_t ts = std::stoll(rows[i]["ts_ns"]);
+    CHECK(ts >= last);
+    last = ts;
+  }
 }
 
 TEST_CASE("lanes of exited threads are reused once drained") {

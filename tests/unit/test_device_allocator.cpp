@@ -611,6 +611,51 @@ TEST_CASE("an observer sees allocations, frees, segments and OOMs") {
   CHECK(rec.events.back().result == Status::kOutOfMemory);
 }
 
+TEST_CASE("only events whose earlier events on the block came from the same thread are marked local") {
+  // The trace writer stamps local events without ordering them after other threads' records;
+  // a block that crossed threads must never be marked local.
+  struct Recorder : AllocatorObserver {
+    std::mutex mutex;
+    std::vector<std::pair<AllocatorEvent, std::thread::id>> events;
+    void on_event(const AllocatorEvent& e) noexcept override {
+      std::lock_guard lock(mutex);
+      events.emplace_back(e, std::this_thread::get_id());
+    }
+    // The local flags of the kAlloc/kFree events of `ptr`, in order.
+    std::vector<bool> local_of(DevicePtr ptr) {
+      std::lock_guard lock(mutex);
+      std::vector<bool> out;
+      for (auto& [e, id] : events) {
+        if (e.ptr == ptr && (e.kind == EventKind::kAlloc || e.kind == EventKind::kFree)) out.push_back(e.local);
+        if (e.kind != EventKind::kAlloc && e.kind != EventKind::kFree) CHECK_FALSE(e.local);
+      }
+      return out;
+    }
+  } rec;
+  Fixture f;
+  f.alloc.set_observer(&rec);
+  // This thread: the first allocation comes from the device pool, the next ones from its cache.
+  const DevicePtr a = f.get(1000, kStreamA);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  REQUIRE(f.get(1000, kStreamA) == a);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  REQUIRE(f.get(1000, kStreamA) == a);
+  // {pool alloc, free of a pool block, cache hit, own free, cache hit}
+  CHECK(rec.local_of(a) == std::vector<bool>{false, false, true, true, true});
+  // Another thread's block, freed here: not local, and the hit that follows on this thread is
+  // (its only cause, that free, is this thread's).
+  DevicePtr b = 0;
+  std::thread other([&] {
+    b = f.get(3000, kStreamA);
+    REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+    REQUIRE(f.get(3000, kStreamA) == b);  // a hit in that thread's cache
+  });
+  other.join();
+  REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  REQUIRE(f.get(3000, kStreamA) == b);
+  CHECK(rec.local_of(b) == std::vector<bool>{false, false, true, false, true});
+}
+
 TEST_CASE("cached blocks are served from the thread cache and drained under pressure") {
   AllocatorOptions o;
   o.memory_limit_bytes = 20 * kMiB;

@@ -2,12 +2,13 @@
 weights, random inputs) and prints the per-step losses bit for bit, plus the step time and
 PyTorch's peak memory counters, as one JSON line.
 
-    python3 tests/gpu/torch_train.py [--steps N] [--model gpt2|mlp|resnet50|bert] [--varied]
+    python3 tests/gpu/torch_train.py [--steps N] [--model gpt2|mlp|resnet50|bert] [--varied] [--batch N]
 
-gpt2: GPT-2-sized transformer (12 x 768), AdamW, batch 4 x 256 tokens (varied: 128-320).
+gpt2: GPT-2-sized transformer (12 x 768), AdamW, batch 4 x 256 tokens (varied: 128-320;
+  --batch N: N x 256).
 mlp: 8 x 2048 linear layers, AdamW, batch 256 (varied: 128-320).
 resnet50: torchvision ResNet-50, SGD with momentum, batch 32 at 224 x 224 (varied: batch and
-  resolution change every step).
+  resolution change every step; --batch N: N at 224 x 224).
 bert: BERT-base (BertConfig() defaults) masked-LM inference in eval mode under no_grad, batch 8
   x 256 tokens (varied: batch and sequence length change every step); its "losses" are a
   checksum of the logits per step, so the bit-for-bit comparison works the same way.
@@ -59,13 +60,14 @@ def build(model_name):
     return torch.nn.Sequential(*layers), None
 
 
-def host_inputs(model_name, step, varied, gen, vocab):
-    """The step's inputs on the host (drawn in the same order in every mode)."""
+def host_inputs(model_name, step, varied, gen, vocab, batch=None):
+    """The step's inputs on the host (drawn in the same order in every mode). batch: the fixed
+    shape's batch size instead of the default (gpt2 and resnet50)."""
     if model_name == "gpt2":
         seq = [128, 256, 192, 320][step % 4] if varied else 256
-        return (torch.randint(0, vocab, (4, seq), generator=gen),)
+        return (torch.randint(0, vocab, (batch or 4, seq), generator=gen),)
     if model_name == "resnet50":
-        batch, res = RESNET_SHAPES[step % 4] if varied else (32, 224)
+        batch, res = RESNET_SHAPES[step % 4] if varied else (batch or 32, 224)
         images = torch.randn(batch, 3, res, res, generator=gen)
         labels = torch.randint(0, 1000, (batch,), generator=gen)
         # One-hot targets: the loss below needs no NLL kernel (deterministic by construction).
@@ -82,6 +84,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--model", default="gpt2", choices=MODELS)
     ap.add_argument("--varied", action="store_true", help="vary the input shapes per step")
+    ap.add_argument("--batch", type=int, help="gpt2 and resnet50: batch size of the fixed shape "
+                    "(larger: steps bound by the GPU rather than by kernel launches)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -100,7 +104,7 @@ def main():
     gen = torch.Generator().manual_seed(1)
     losses, times = [], []
     for step in range(args.steps):
-        inputs = host_inputs(args.model, step, args.varied, gen, vocab)
+        inputs = host_inputs(args.model, step, args.varied, gen, vocab, args.batch)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if inference:
@@ -132,6 +136,7 @@ def main():
         "varied": args.varied,
         "losses": [float(l).hex() for l in losses],
         "median_step_ms": 1000 * statistics.median(steady),
+        "step_ms": [round(1000 * t, 3) for t in times],
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
     }))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/bench --report on a results file made here: the driver-API table and its target rows
-follow from the figures in the file, a size with no driver figure gets no row, and a results
-file that cannot be read gives one line and a non-zero exit status."""
+follow from the figures in the file, a size with no driver figure gets no row, a model run at a
+fixed batch gets rows of its own, and a results file that cannot be read or a malformed --batch
+gives one line and a non-zero exit status."""
 import json
 import os
 import subprocess
@@ -103,6 +104,36 @@ def main():
         text = open(out).read()
         if p.returncode != 0 or "through the driver API" in text:
             fails("a results file without driver figures still got a driver table or target")
+
+        # A model run at a fixed batch (--batch) is its own row, in the step table and in the
+        # target rows, with the figures of the file.
+        steps = {"native caching": 100.0, "no caching + cudalloc": 102.5,
+                 "no caching + cudalloc expandable": 105.0, "cudaMallocAsync backend": 101.0}
+        res = results()
+        res["torch"] = {"gpt2 batch 32": {m: {"median_step_ms": v, "rounds": [v]} for m, v in steps.items()}}
+        with open(src, "w") as f:
+            json.dump(res, f)
+        p = report(src, out)
+        md = open(out).read().splitlines()
+        if p.returncode != 0:
+            fails(f"--report with a batch row: exit {p.returncode}: {p.stderr}")
+        want = ("| PyTorch without caching under cudalloc within 3% of PyTorch's allocator (gpt2 batch 32) "
+                "| +2.5% (102.50 vs 100.00 ms) | yes |")
+        if want not in md:
+            fails(f"parity row for the batch run missing: {want}")
+        want = "| ... and faster than backend:cudaMallocAsync (gpt2 batch 32) | 102.50 vs 101.00 ms | no |"
+        if want not in md:
+            fails(f"cudaMallocAsync row for the batch run missing: {want}")
+        want = "| expandable segments cost at most 2% per step (issue 4) (gpt2 batch 32) | +2.4% | no |"
+        if want not in md:
+            fails(f"expandable row for the batch run missing: {want}")
+        if not any(l.startswith("| gpt2 batch 32 | 100.00 ms |") for l in md):
+            fails("the step table has no row for gpt2 batch 32")
+        # A malformed --batch is refused before anything runs.
+        p = subprocess.run([sys.executable, BENCH, "--batch", "bert=4", "--report", src, "--markdown", out],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 2 or "--batch" not in p.stderr or "Traceback" in p.stderr:
+            fails(f"--batch bert=4: exit {p.returncode}, stderr {p.stderr!r}")
 
         # Unreadable input (truncated, or JSON of another shape): one line on stderr, exit
         # status 2, no traceback.

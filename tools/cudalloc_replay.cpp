@@ -278,10 +278,15 @@ struct ReplayResult {
   std::int64_t reserved_at_end = 0;
   std::size_t limit = 0;
   bool completed = true;  // no OOM
+  std::int64_t pending_waits = 0;  // fences a miss waited for (max_pending_mb; with --gpu-lag)
 };
 
+// gpu_lag: 0, the device keeps up (every fence has completed when the allocator looks); N, the
+// program runs N ops ahead of it: each op queues one item of work on its stream (cudaMalloc and
+// cudaFree: the legacy stream) and the device runs a stream only down to N queued items, or
+// further while the allocator waits on a fence. That is a GPU-bound program, whose frees wait.
 ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t total, std::size_t limit,
-                    bool stop_at_oom, OpTraceWriter* writer = nullptr) {
+                    bool stop_at_oom, std::size_t gpu_lag, OpTraceWriter* writer = nullptr) {
   SimBackend sim(SimOptions{.total_memory = total, .host_memory = false});
   DeviceAllocator alloc(sim, options);
   if (limit != 0) alloc.set_memory_limit(limit);
@@ -295,6 +300,12 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
   std::uint64_t index = 0;
   for (const Op& op : t.ops) {
     if (writer != nullptr) writer->set_op(index++);
+    if (gpu_lag != 0) {
+      const StreamHandle work = op.stream == kNoStream ? 0 : op.stream;
+      sim.enqueue(work);
+      const std::size_t queued = sim.queued(work);
+      if (queued > gpu_lag) sim.run(work, queued - gpu_lag);
+    }
     if (op.kind == OpKind::kAlloc) {
       DevicePtr p = 0;
       const Status s = alloc.allocate(op.bytes, op.stream, &p, op.async);
@@ -334,6 +345,7 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
   r.cache_misses = st.num_cache_misses;
   r.allocated_at_end = st.allocated_bytes[kStatAll].current;
   r.reserved_at_end = st.reserved_bytes[kStatAll].current;
+  r.pending_waits = st.num_pending_waits;
   return r;
 }
 
@@ -346,11 +358,12 @@ struct MinMemory {
 };
 
 MinMemory min_memory(const Trace& t, const AllocatorOptions& options, std::size_t total,
-                     std::size_t top_limit, std::size_t resolution, const ReplayResult& unlimited) {
+                     std::size_t top_limit, std::size_t resolution, std::size_t gpu_lag,
+                     const ReplayResult& unlimited) {
   MinMemory m;
   auto ok = [&](std::size_t limit) {
     ++m.trials;
-    return replay(t, options, total, limit, /*stop_at_oom=*/true).completed;
+    return replay(t, options, total, limit, /*stop_at_oom=*/true, gpu_lag).completed;
   };
   auto units_up = [&](std::size_t b) { return (b + resolution - 1) / resolution; };
   // Every limit below the peak allocated bytes fails: a run without OOM allocates exactly the
@@ -426,6 +439,8 @@ struct Options {
   std::string input = "-";
   std::string label;
   std::string write_trace;
+  std::size_t gpu_lag = 0;
+  bool as_cudamalloc = false;
 };
 
 void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows) {
@@ -433,6 +448,8 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
               (unsigned long long)t.allocs, (unsigned long long)t.frees);
   std::printf("; simulated device %s", format_bytes(o.total).c_str());
   if (o.limit != 0) std::printf(", limit %s", format_bytes(o.limit).c_str());
+  if (o.as_cudamalloc) std::printf("; every op as cudaMalloc/cudaFree");
+  if (o.gpu_lag != 0) std::printf("; device %zu ops behind", o.gpu_lag);
   std::printf("\n");
   if (t.errors != 0) {
     std::printf("input errors: %llu ops skipped (frees of ids not live, allocations of live ids; see stderr)\n",
@@ -477,6 +494,11 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
   }
   std::printf("\nutilization = peak allocated / peak reserved; segments = peak segment count; "
               "device calls = segment allocations + frees\n");
+  if (o.gpu_lag != 0) {
+    std::printf("fence waits (a miss waiting for the device, max_pending_mb):");
+    for (const Row& row : rows) std::printf(" %s %lld;", row.setting.c_str(), (long long)row.r.pending_waits);
+    std::printf("\n");
+  }
   if (o.min_memory) {
     std::printf("min memory = smallest limit (resolution %s) under which the whole trace completes without OOM\n",
                 format_bytes(o.resolution).c_str());
@@ -485,9 +507,11 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
 
 void print_json(const Options& o, const Trace& t, const std::vector<Row>& rows) {
   std::printf("{\n  \"input\": {\"source\": \"%s\", \"ops\": %llu, \"allocs\": %llu, \"frees\": %llu, "
-              "\"input_errors\": %llu, \"total_memory\": %zu, \"limit\": %zu, \"resolution\": %zu},\n",
+              "\"input_errors\": %llu, \"total_memory\": %zu, \"limit\": %zu, \"resolution\": %zu, "
+              "\"gpu_lag\": %zu, \"as_cudamalloc\": %s},\n",
               json_escape(o.label).c_str(), (unsigned long long)t.ops.size(), (unsigned long long)t.allocs,
-              (unsigned long long)t.frees, (unsigned long long)t.errors, o.total, o.limit, o.resolution);
+              (unsigned long long)t.frees, (unsigned long long)t.errors, o.total, o.limit, o.resolution, o.gpu_lag,
+              o.as_cudamalloc ? "true" : "false");
   std::printf("  \"results\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
@@ -497,14 +521,14 @@ void print_json(const Options& o, const Trace& t, const std::vector<Row>& rows) 
                 "\"device_allocs\": %lld, \"device_frees\": %lld, \"oom_events\": %llu, \"cache_hits\": %lld, "
                 "\"cache_misses\": %lld, \"cache_hit_rate\": %.6f, \"skipped_frees\": %llu, "
                 "\"allocated_at_end\": %lld, \"reserved_at_end\": %lld, \"limit\": %zu, "
-                "\"stats_peak_allocated\": %lld, \"stats_peak_reserved\": %lld",
+                "\"stats_peak_allocated\": %lld, \"stats_peak_reserved\": %lld, \"pending_waits\": %lld",
                 json_escape(row.setting).c_str(), (long long)r.peak_allocated, (long long)r.peak_reserved,
                 (long long)r.peak_requested, utilization(r), (long long)r.peak_segments,
                 (long long)(r.device_allocs + r.device_frees), (long long)r.device_allocs,
                 (long long)r.device_frees, (unsigned long long)r.ooms, (long long)r.cache_hits,
                 (long long)r.cache_misses, hit_rate(r), (unsigned long long)r.skipped_frees,
                 (long long)r.allocated_at_end, (long long)r.reserved_at_end, r.limit,
-                (long long)r.stats_peak_allocated, (long long)r.stats_peak_reserved);
+                (long long)r.stats_peak_allocated, (long long)r.stats_peak_reserved, (long long)r.pending_waits);
     if (row.min) {
       if (row.min->bytes) std::printf(", \"min_memory\": %zu", *row.min->bytes);
       else std::printf(", \"min_memory\": null");
@@ -544,7 +568,11 @@ const char* kUsage =
     "  --resolution SIZE  bisection resolution (default 2MiB)\n"
     "  --format F         table (default), json or csv\n"
     "  --label NAME       name of the input in the report\n"
-    "  --write-trace FILE write a cudalloc trace (v1) of the first setting's replay to FILE\n";
+    "  --write-trace FILE write a cudalloc trace (v1) of the first setting's replay to FILE\n"
+    "  --gpu-lag N        the simulated device runs N ops behind the program (a GPU-bound program:\n"
+    "                     freed blocks wait for it); default 0, every fence has completed\n"
+    "  --as-cudamalloc    every allocation a cudaMalloc and every free a cudaFree (what a framework\n"
+    "                     with its own cache off asks of cudalloc)\n";
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -589,6 +617,14 @@ Options parse_args(int argc, char** argv) {
       o.label = value();
     } else if (name == "--write-trace") {
       o.write_trace = value();
+    } else if (name == "--gpu-lag") {
+      const std::string v = value();
+      std::size_t n = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size()) die("bad --gpu-lag " + quote(v) + " (a count of ops)");
+      o.gpu_lag = n;
+    } else if (name == "--as-cudamalloc") {
+      o.as_cudamalloc = true;
     } else if (a.size() > 1 && a[0] == '-') {
       die("unknown option " + quote(a) + " (see --help)");
     } else {
@@ -624,6 +660,12 @@ int main(int argc, char** argv) {
     if (!f) die("cannot open " + o.input + ": " + std::strerror(errno));
     t = read_trace(f, o.input);
   }
+  if (o.as_cudamalloc) {
+    for (Op& op : t.ops) {
+      op.stream = kNoStream;
+      op.async = false;
+    }
+  }
   for (const auto& e : t.error_lines) std::fprintf(stderr, "%s: %s\n", kProg, e.c_str());
   if (t.errors > t.error_lines.size()) {
     std::fprintf(stderr, "%s: ... %llu more input errors\n", kProg,
@@ -641,12 +683,13 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (std::size_t i = 0; i < settings.size(); ++i) {
     const auto& [label, opts] = settings[i];
-    Row row{label, replay(t, opts, o.total, o.limit, false, i == 0 && writer ? &*writer : nullptr), std::nullopt};
+    Row row{label, replay(t, opts, o.total, o.limit, false, o.gpu_lag, i == 0 && writer ? &*writer : nullptr),
+            std::nullopt};
     if (o.min_memory) {
       // The top of the search: --limit if given, else the limit the setting itself implies.
-      const std::size_t top = o.limit != 0 ? o.limit : replay(Trace{}, opts, o.total, 0, true).limit;
-      const ReplayResult base = o.limit != 0 ? replay(t, opts, o.total, 0, false) : row.r;
-      row.min = min_memory(t, opts, o.total, std::min(top, o.total), o.resolution, base);
+      const std::size_t top = o.limit != 0 ? o.limit : replay(Trace{}, opts, o.total, 0, true, 0).limit;
+      const ReplayResult base = o.limit != 0 ? replay(t, opts, o.total, 0, false, o.gpu_lag) : row.r;
+      row.min = min_memory(t, opts, o.total, std::min(top, o.total), o.resolution, o.gpu_lag, base);
     }
     rows.push_back(std::move(row));
   }

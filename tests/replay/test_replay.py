@@ -139,6 +139,36 @@ class Core(unittest.TestCase):
         r = replay_ops(ops_text("a 1 104857600 0x1", "f 1 0x2", "a 2 104857600 0x1"))["results"][0]
         self.assertEqual((r["device_calls"], r["peak_reserved"], r["cache_hits"]), (1, 100 * MiB, 1))
 
+    def test_gpu_lag_keeps_freed_blocks_pending(self):
+        # The device 10 ops behind: a cudaFree'd block is still in use when the next allocation
+        # comes, so it gets a new segment; with max_pending_mb below the pending bytes, the miss
+        # waits for the device instead and reuses the block.
+        ops = ops_text("a 1 104857600 -", "f 1 -", "a 2 104857600 -")
+        doc = replay_ops(ops, "--gpu-lag", "10")
+        self.assertEqual(doc["input"]["gpu_lag"], 10)
+        r = doc["results"][0]
+        self.assertEqual((r["device_calls"], r["peak_reserved"], r["pending_waits"]), (2, 200 * MiB, 0))
+        r = replay_ops(ops, "--gpu-lag", "10", "--conf", "max_pending_mb:50")["results"][0]
+        self.assertEqual((r["device_calls"], r["peak_reserved"], r["pending_waits"]), (1, 100 * MiB, 1))
+
+    def test_as_cudamalloc_turns_stream_frees_into_cudafree(self):
+        # Same-stream frees are reusable at once, device lag or not; as cudaFree they wait for
+        # the device, so with it behind the second allocation needs a new segment.
+        ops = ops_text("a 1 104857600 0x1", "f 1 0x1", "a 2 104857600 0x1")
+        r = replay_ops(ops, "--gpu-lag", "10")["results"][0]
+        self.assertEqual(r["device_calls"], 1)
+        doc = replay_ops(ops, "--gpu-lag", "10", "--as-cudamalloc")
+        self.assertTrue(doc["input"]["as_cudamalloc"])
+        self.assertEqual(doc["results"][0]["device_calls"], 2)
+        r = replay_ops(ops, "--as-cudamalloc")["results"][0]  # the device keeps up
+        self.assertEqual(r["device_calls"], 1)
+
+    def test_bad_gpu_lag(self):
+        for v in ("x", "-1", "3ops"):
+            rc, out, err = run_bin(["--gpu-lag", v, "-"], "")
+            self.assertEqual(rc, 2, (v, out, err))
+            self.assertIn("--gpu-lag", err)
+
     def test_id_reuse_after_free(self):
         r = replay_ops(ops_text("a 7 1048576 0", "f 7 0", "a 7 1048576 0", "f 7 0"))
         self.assertEqual(r["input"]["input_errors"], 0)

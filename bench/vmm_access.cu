@@ -12,6 +12,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "common.h"  // CHECK_CUDA (tests/gpu)
+
 #define CHECK_DRV(x)                                                            \
   do {                                                                          \
     CUresult r_ = (x);                                                          \
@@ -19,14 +21,6 @@
       const char* s_ = nullptr;                                                 \
       cuGetErrorString(r_, &s_);                                                \
       std::fprintf(stderr, "%s: %s\n", #x, s_ ? s_ : "?");                      \
-      std::exit(3);                                                             \
-    }                                                                           \
-  } while (0)
-#define CHECK_RT(x)                                                             \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));             \
       std::exit(3);                                                             \
     }                                                                           \
   } while (0)
@@ -113,22 +107,22 @@ static void destroy(Layout& l) {
 template <typename Launch>
 static float median_us(int reps, Launch launch) {
   cudaEvent_t a, b;
-  CHECK_RT(cudaEventCreate(&a));
-  CHECK_RT(cudaEventCreate(&b));
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
   launch();  // warm
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    CHECK_RT(cudaEventRecord(a));
+    CHECK_CUDA(cudaEventRecord(a));
     launch();
-    CHECK_RT(cudaEventRecord(b));
-    CHECK_RT(cudaEventSynchronize(b));
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK_RT(cudaEventElapsedTime(&ms, a, b));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms * 1000);
   }
   std::sort(t.begin(), t.end());
-  CHECK_RT(cudaEventDestroy(a));
-  CHECK_RT(cudaEventDestroy(b));
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
   return t[t.size() / 2];
 }
 
@@ -143,20 +137,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  CHECK_RT(cudaSetDevice(0));
-  CHECK_RT(cudaFree(nullptr));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaFree(nullptr));
   int dev = 0;
   int sms = 0;
-  CHECK_RT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const size_t bytes = gib << 30;
   unsigned* sink;
-  CHECK_RT(cudaMalloc(&sink, 64));
+  CHECK_CUDA(cudaMalloc(&sink, 64));
   std::vector<size_t> chunks = {size_t(2) << 20, size_t(20) << 20, size_t(64) << 20, size_t(512) << 20, bytes};
   std::printf("buffer %zu GiB, %d reps, median us\n", gib, reps);
   for (int pass = 0; pass < 2; ++pass) {  // two passes: the order of layouts is not the cause
     for (int k = -1; k < int(chunks.size()); ++k) {
       Layout l = k < 0 ? make_alloc(bytes) : make_vmm(bytes, chunks[k], dev);
-      CHECK_RT(cudaMemset(reinterpret_cast<void*>(l.base), 1, bytes));
+      CHECK_CUDA(cudaMemset(reinterpret_cast<void*>(l.base), 1, bytes));
       const size_t vecs = bytes / 2 / sizeof(float4);
       float t_copy = median_us(reps, [&] {
         copy_half<<<sms * 8, 256>>>(reinterpret_cast<const float4*>(l.base),
@@ -169,7 +163,7 @@ int main(int argc, char** argv) {
         tiles<<<sms * 8, 128>>>(reinterpret_cast<const float4*>(l.base), bytes / sizeof(float4), size_t(1) << 20,
                                reinterpret_cast<float*>(sink));
       });
-      CHECK_RT(cudaGetLastError());
+      CHECK_CUDA(cudaGetLastError());
       std::printf("pass %d  %-20s copy %9.1f  gather %9.1f  tiles %9.1f\n", pass, l.name.c_str(), t_copy, t_gather,
                   t_tiles);
       std::fflush(stdout);

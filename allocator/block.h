@@ -53,6 +53,7 @@ struct alignas(64) Block {
   bool mapped = true;                     // false: unbacked address space of an expandable segment
   int pending_fences = 0;                 // fences still to complete before reuse
   std::vector<StreamHandle> stream_uses;  // other streams the program used it on
+  const void* taker = nullptr;            // large blocks: the thread cache of the thread that took it
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

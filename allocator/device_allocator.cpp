@@ -46,6 +46,8 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   if (sizes.should_split(b->size, rounded, b->segment->pool)) blocks.insert(FreeBlocks::split_at(b, rounded));
   b->state = BlockState::kAllocated;
   b->requested = requested;
+  // Its free parks it in this thread's large bins only if this thread took it.
+  if (b->segment->pool == PoolKind::kLarge) b->taker = find_local_cache();
   account_alloc(stats, b, sizes.is_oversize(b->size));
   count_allocated(static_cast<std::int64_t>(b->size));
   live.insert(b->ptr, b);
@@ -61,6 +63,9 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
   const PoolKind kind = SizeClasses::pool_for(rounded);
 
+  // A large request that missed this thread's bins first gives back what the thread parked
+  // there, so that the pool's best fit sees every free block, as it would without the bins.
+  if (kind == PoolKind::kLarge) drain_own_large();
   bool hit = true;
   Block* b = bytes > kMaxRequest ? nullptr : blocks.find(stream, rounded, kind);
   if (b == nullptr && bytes <= kMaxRequest) {
@@ -70,15 +75,12 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // batches went to the epoch), so each miss caused more: on the H100 host 8 threads of
     // cudaMalloc+cudaFree pairs ran at 0.3M pairs/s with 256-block batches, 6.9-7.3M without.
     // Other threads' parked blocks may cost a program a few more segments (PyTorch gpt2 with
-    // its cache off: ~30 more 2 MiB segments in 10 steps). They cannot serve a large request
-    // (the pools do not share segments), so a large miss leaves the caches warm; the reclaim
-    // steps below still drain them when memory is short.
-    if (kind == PoolKind::kSmall) {
-      if (room_for(SizeClasses::segment_size(rounded))) {
-        drain_own();
-      } else {
-        drain_all(true);
-      }
+    // its cache off: ~30 more 2 MiB segments in 10 steps). Small blocks cannot serve a large
+    // request (the pools do not share segments), so a large miss leaves the small bins warm.
+    if (!room_for(SizeClasses::segment_size(rounded))) {
+      drain_all(true);
+    } else if (kind == PoolKind::kSmall) {
+      drain_own();
     }
     b = blocks.find(stream, rounded, kind);
     if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
@@ -217,8 +219,7 @@ void DeviceAllocator::forget_all() {
     cache->deferred_bytes() = 0;
     cache->batches().clear();
     cache->spill().clear();
-    cache->delta() = MemoryStats{};
-    cache->hits = 0;
+    cache->reset_delta();
     cache->live.clear();
   }
   m.fences.clear();

@@ -125,6 +125,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   ThreadCache* find_local_cache();
   // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
   void drain_own();
+  // Only its large bins (a large miss: small blocks cannot serve it).
+  void drain_own_large();
   void drain_all(bool bins);
 
   // --- blocks changing hands (device_allocator.cpp)

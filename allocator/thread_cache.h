@@ -9,6 +9,12 @@
 // side by side). The owner thread takes `lock` uncontended; the device allocator takes it to
 // drain the cache under pressure, to read the statistics deltas, and to find a block freed by
 // another thread.
+//
+// Large-pool blocks have bins of their own, few and shallow, bounded in bytes: a thread that
+// allocates and frees the same large size in stream order (a workspace, a staging buffer)
+// then touches no shared lock either, while parked large memory stays small next to what it
+// would keep from coalescing. Only blocks reusable at once enter them; cudaFree'd large blocks
+// wait on the allocator's fences.
 #pragma once
 
 #include <array>
@@ -21,6 +27,7 @@
 #include "allocator/block.h"
 #include "allocator/live_map.h"
 #include "allocator/memory_stats.h"
+#include "allocator/size_classes.h"
 #include "allocator/spin_lock.h"
 
 namespace cudalloc {
@@ -38,6 +45,11 @@ class ThreadCache {
   // Past this many closed batches the owner hands the older ones to the device allocator.
   // (Deferred frees never pile up past a batch: one is closed at kBatchBlocks.)
   static constexpr std::size_t kMaxBatches = 8;
+  // Large bins: a loop needs one block per size it cycles through, a double buffer two.
+  static constexpr std::size_t kLargeBins = 8;
+  static constexpr std::size_t kLargeDepth = 2;
+  // At most this much large memory parked per thread; a 256 MiB buffer still fits.
+  static constexpr std::size_t kLargeBytes = 256 * kMiB;
 
   struct Batch {
     std::uint64_t ticket;  // see fence_clock.h
@@ -45,37 +57,48 @@ class ThreadCache {
     bool passed = false;  // its fence is known complete: what is left of it needs no query
   };
 
+  // `size` is the rounded request; past kSmallSize the block is from the large pool.
   Block* pop(StreamHandle stream, std::size_t size) {
-    Bin& bin = bins_[index(stream, size)];
-    // A bin may hold another key (collision): then this is a miss.
-    if (bin.count == 0 || bin.stream != stream || bin.size != size) return nullptr;
-    return bin.blocks[--bin.count];
+    if (size > kSmallSize) {
+      Block* b = take_from(large_bins_[large_index(stream, size)], stream, size);
+      if (b != nullptr) large_bytes_ -= b->size;
+      return b;
+    }
+    return take_from(bins_[index(stream, size)], stream, size);
   }
 
-  // False when the bin is full or holds another key.
+  // False when the bin is full or holds another key, or (large) the byte bound is reached.
   bool push(Block* block, std::size_t size) {
-    Bin& bin = bins_[index(block->stream, size)];
-    if (bin.count != 0 && (bin.stream != block->stream || bin.size != size)) return false;
-    if (bin.count == kDepth) return false;
-    bin.stream = block->stream;
-    bin.size = size;
-    bin.blocks[bin.count++] = block;
-    block->state = BlockState::kCached;
-    return true;
+    if (size > kSmallSize) {
+      if (large_bytes_ + block->size > kLargeBytes) return false;
+      if (!put(large_bins_[large_index(block->stream, size)], block, size)) return false;
+      large_bytes_ += block->size;
+      return true;
+    }
+    return put(bins_[index(block->stream, size)], block, size);
   }
 
-  // Whether the bin of (stream, size) holds that key and has no room.
+  // Whether the (small) bin of (stream, size) holds that key and has no room.
   bool full(StreamHandle stream, std::size_t size) const {
-    const Bin& bin = bins_[index(stream, size)];
+    const auto& bin = bins_[index(stream, size)];
     return bin.count == kDepth && bin.stream == stream && bin.size == size;
   }
 
   template <typename F>
   void drain_bins(F&& f) {
-    for (Bin& bin : bins_) {
+    for (auto& bin : bins_) {
       while (bin.count != 0) f(bin.blocks[--bin.count]);
     }
+    drain_large_bins(f);
   }
+  template <typename F>
+  void drain_large_bins(F&& f) {
+    for (auto& bin : large_bins_) {
+      while (bin.count != 0) f(bin.blocks[--bin.count]);
+    }
+    large_bytes_ = 0;
+  }
+  std::size_t large_bytes() const { return large_bytes_; }
 
   std::vector<Block*>& deferred() { return deferred_; }
   std::size_t& deferred_bytes() { return deferred_bytes_; }
@@ -90,30 +113,72 @@ class ThreadCache {
   // Blocks that became reusable but found no room in the bins: the allocator takes them.
   std::vector<Block*>& spill() { return spill_; }
 
-  // Statistics changes made on the hot path, folded into the allocator's under its lock.
-  MemoryStats& delta() { return delta_; }
-  std::int64_t hits = 0;
+  // Statistics changes made on the hot path, folded into the allocator's under its lock
+  // (fold_into). Every locked operation folds every thread's delta: one left unchanged since
+  // the last fold is skipped, as in a thread that only meets the locked path (cudaFree'd large
+  // blocks), where folding an empty delta was a third of the pair's time.
+  MemoryStats& delta() {
+    delta_dirty_ = true;
+    return delta_;
+  }
+  template <typename Merge>
+  void fold_into(MemoryStats& totals, Merge&& merge) {
+    if (!delta_dirty_) return;
+    merge(totals, delta_);
+    totals.num_cache_hits += hits;
+    hits = 0;
+    delta_dirty_ = false;
+  }
+  void reset_delta() {
+    delta_ = MemoryStats{};
+    hits = 0;
+    delta_dirty_ = false;
+  }
+  std::int64_t hits = 0;  // counted with a delta() change
   LiveTable live;
 
   SpinLock lock;
 
  private:
+  template <std::size_t Depth>
   struct Bin {
     StreamHandle stream = 0;
     std::size_t size = 0;
     std::size_t count = 0;
-    std::array<Block*, kDepth> blocks{};
+    std::array<Block*, Depth> blocks{};
   };
-  static std::size_t index(StreamHandle stream, std::size_t size) {
-    return (((size >> 9) ^ (stream * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull) >> 59;
+  // A bin may hold another key (collision): then this is a miss.
+  template <typename B>
+  static Block* take_from(B& bin, StreamHandle stream, std::size_t size) {
+    if (bin.count == 0 || bin.stream != stream || bin.size != size) return nullptr;
+    return bin.blocks[--bin.count];
   }
+  template <typename B>
+  static bool put(B& bin, Block* block, std::size_t size) {
+    if (bin.count != 0 && (bin.stream != block->stream || bin.size != size)) return false;
+    if (bin.count == bin.blocks.size()) return false;
+    bin.stream = block->stream;
+    bin.size = size;
+    bin.blocks[bin.count++] = block;
+    block->state = BlockState::kCached;
+    return true;
+  }
+  static std::size_t hash(StreamHandle stream, std::size_t size) {
+    return ((size >> 9) ^ (stream * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull;
+  }
+  static std::size_t index(StreamHandle stream, std::size_t size) { return hash(stream, size) >> 59; }
+  static std::size_t large_index(StreamHandle stream, std::size_t size) { return hash(stream, size) >> 61; }
+  static_assert(kBins == 32 && kLargeBins == 8, "index() and large_index() take the top 5 and 3 bits");
 
-  std::array<Bin, kBins> bins_;
+  std::array<Bin<kDepth>, kBins> bins_;
+  std::array<Bin<kLargeDepth>, kLargeBins> large_bins_;
+  std::size_t large_bytes_ = 0;
   std::vector<Block*> deferred_;
   std::size_t deferred_bytes_ = 0;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
   MemoryStats delta_;
+  bool delta_dirty_ = false;
 };
 
 }  // namespace cudalloc

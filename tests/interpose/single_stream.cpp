@@ -102,9 +102,14 @@ void reuse(bool configured) {
   }
   CHECK_OR_DIE(q == p);
   expect_own_bytes(q);
-  // Another thread gets the block just as well (a large one: small blocks stay in the
-  // freeing thread's cache).
-  const CUdeviceptr r = free_with_late_write(20000, kLargeBytes);
+  // Another thread gets the block just as well once the freeing thread has exited (while it
+  // lives, the block stays parked in its cache for its own next request).
+  CUdeviceptr r = 0;
+  std::thread freeing([&] {
+    CHECK_OR_DIE(c().api.cuCtxSetCurrent(c().ctx) == CUDA_SUCCESS);
+    r = free_with_late_write(20000, kLargeBytes);
+  });
+  freeing.join();
   CUdeviceptr got = 0;
   std::thread other([&] {
     CHECK_OR_DIE(c().api.cuCtxSetCurrent(c().ctx) == CUDA_SUCCESS);

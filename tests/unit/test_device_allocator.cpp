@@ -683,6 +683,81 @@ TEST_CASE("a block cached by one thread is freed by another") {
   CHECK(f.stat("allocated_bytes.all.current") == 8192);
 }
 
+TEST_CASE("a large block freed in stream order by the thread that took it is reused from that thread's bins") {
+  Fixture f;
+  const DevicePtr a = f.get(kWhole, kStreamA);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  const auto hits = f.stat("num_cache_hits");
+  for (int i = 0; i < 3; ++i) {
+    CHECK(f.get(kWhole, kStreamA) == a);
+    REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  }
+  CHECK(f.stat("num_cache_hits") - hits == 3);
+  CHECK(f.sim.segment_calls() == 1);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("active_bytes.large_pool.current") == 0);
+  // Parked, it is not live: a second free of it is refused.
+  CHECK(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kInvalidValue);
+  CHECK_FALSE(f.alloc.find(a).has_value());
+  // cudaFree'd large blocks wait on the device fence instead: not served before it passes.
+  const DevicePtr b = f.get(kWhole, kStreamA);
+  REQUIRE(b == a);
+  f.sim.enqueue(kStreamB);
+  REQUIRE(f.alloc.free(b, FreeOrder::kDevice) == Status::kOk);
+  CHECK(f.get(kWhole, kStreamA) != b);
+}
+
+TEST_CASE("a large miss gives this thread's parked large blocks back to the pool before cutting memory") {
+  Fixture f;
+  const DevicePtr a = f.get(kWhole, kStreamA);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  // Another rounded size misses the bins; the parked 12 MiB block serves it, split.
+  CHECK(f.get(8 * kMiB, kStreamA) == a);
+  CHECK(f.sim.segment_calls() == 1);
+}
+
+TEST_CASE("a large block is parked only by the thread that took it") {
+  // A block taken here and freed by a consumer thread goes to the pool, where this thread's
+  // next request of another size finds it; parked in the consumer's bins it would not be.
+  Fixture f;
+  const DevicePtr a = f.get(kWhole, kStreamA);
+  std::atomic<int> step{0};
+  std::thread consumer([&] {
+    CHECK(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+    step = 1;
+    while (step != 2) std::this_thread::yield();  // alive: its cache is not retired
+  });
+  while (step != 1) std::this_thread::yield();
+  CHECK(f.get(8 * kMiB, kStreamA) == a);
+  CHECK(f.sim.segment_calls() == 1);
+  step = 2;
+  consumer.join();
+}
+
+TEST_CASE("a thread parks at most kLargeBytes of large blocks, and gives them up when memory is short") {
+  constexpr std::size_t kHalf = ThreadCache::kLargeBytes / 2 + 2 * kMiB;  // two do not fit
+  AllocatorOptions o;
+  o.memory_limit_bytes = 2 * kHalf;
+  Fixture f(o);
+  const DevicePtr a = f.get(kHalf, kStreamA);
+  const DevicePtr b = f.get(kHalf, kStreamA);
+  std::atomic<int> step{0};
+  DevicePtr from_other = 0;
+  std::thread other([&] {
+    while (step != 1) std::this_thread::yield();
+    from_other = f.get(kHalf, kStreamA);
+  });
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);  // parked
+  REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);  // past the bound: pool
+  step = 1;
+  other.join();
+  CHECK(from_other == b);  // found in the pool, before any reclaim step
+  // The parked one goes to another thread too, once memory is short.
+  std::thread([&] { CHECK(f.get(kHalf, kStreamA) == a); }).join();
+  CHECK(f.sim.segment_calls() == 2);
+  CHECK(f.stat("num_ooms") == 0);
+}
+
 TEST_CASE("a block a thread took from its cache is found and freed from other threads, before and after that thread exits") {
   Fixture f;
   // A cache hit on a thread: the block is recorded in that thread's own table.

@@ -133,6 +133,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   void release_block(Block* b);
   std::size_t collect_ready();
   std::size_t wait_pending();
+  Block* reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded);
   void take(Block* b, std::size_t requested, std::size_t rounded);
   Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async);

@@ -24,6 +24,18 @@ class FenceQueue {
   void defer_to_epoch(Block* block);
   bool epoch_open() const { return !epoch_.empty(); }
   std::size_t epoch_bytes() const { return epoch_bytes_; }
+  // Whether the open epoch holds a block of `pool` of at least `bytes`.
+  bool epoch_holds(PoolKind pool, std::size_t bytes) const {
+    return epoch_largest_[pool == PoolKind::kLarge ? 1 : 0] >= bytes;
+  }
+  // Whether the fence of the last epoch closed has completed (true if none is outstanding).
+  // Queries one fence; the others are settled by collect().
+  bool newest_epoch_passed() {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      if (it->epoch) return it->fence->done();
+    }
+    return true;
+  }
   // Puts one device fence behind every block of the open epoch.
   void close_epoch(SegmentBackend& backend);
 
@@ -80,6 +92,7 @@ class FenceQueue {
   struct Entry {
     std::unique_ptr<Fence> fence;
     std::vector<Block*> blocks;
+    bool epoch = false;  // a device fence closing an epoch
   };
 
   template <typename F>
@@ -104,6 +117,7 @@ class FenceQueue {
   std::deque<Entry> entries_;
   std::vector<Block*> epoch_;
   std::size_t epoch_bytes_ = 0;
+  std::size_t epoch_largest_[2] = {0, 0};  // small, large
   std::size_t pending_bytes_ = 0;
   std::size_t pool_pending_bytes_[2] = {0, 0};  // small, large
   std::size_t pending_blocks_ = 0;

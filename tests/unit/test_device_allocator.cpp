@@ -155,25 +155,37 @@ TEST_CASE("frees of one epoch share a single device fence") {
   CHECK(reused == std::set<DevicePtr>(ptrs.begin(), ptrs.end()));
 }
 
-TEST_CASE("the epoch is fenced only once it holds free_epoch_bytes, or memory is short") {
+TEST_CASE("behind a lagging device the epoch is fenced only once it holds free_epoch_bytes, or memory is short") {
   AllocatorOptions o;
   o.free_epoch_bytes = 3 * kWhole;
-  o.memory_limit_bytes = 6 * kWhole;
+  o.memory_limit_bytes = 8 * kWhole;
   Fixture f(o);
-  std::vector<DevicePtr> first;
-  for (int i = 0; i < 3; ++i) {
-    DevicePtr p = f.get(kWhole);
-    first.push_back(p);
+  f.sim.enqueue(kStreamA);  // not run until the end: the fences below stay outstanding
+  std::vector<DevicePtr> freed;
+  auto round = [&] {
+    const DevicePtr p = f.get(kWhole);
+    freed.push_back(p);
     f.alloc.free(p, FreeOrder::kDevice);
-  }
-  // Three frees below the budget: each miss cut new memory rather than fence.
-  CHECK(f.sim.device_fences() == 0);
-  CHECK(f.sim.segment_calls() == 3);
-  // Now the epoch holds the budget: the next miss fences it and reuses its blocks.
-  DevicePtr again = f.get(kWhole);
+  };
+  round();
+  // No epoch is outstanding yet: the first request the epoch could serve closes it. Its fence
+  // waits for A's work, so that request cut memory all the same.
+  round();
   CHECK(f.sim.device_fences() == 1);
-  CHECK(f.sim.segment_calls() == 3);
-  CHECK(std::find(first.begin(), first.end(), again) != first.end());
+  // The device lags: below the budget no more fences, and each miss cuts memory.
+  round();
+  round();
+  CHECK(f.sim.device_fences() == 1);
+  CHECK(f.sim.segment_calls() == 4);
+  // The epoch now holds the budget (the last three frees): the next miss fences it.
+  round();
+  CHECK(f.sim.device_fences() == 2);
+  CHECK(f.sim.segment_calls() == 5);
+  // Once the device has passed them, the fenced blocks serve.
+  f.sim.run_all();
+  const DevicePtr again = f.get(kWhole);
+  CHECK(std::find(freed.begin(), freed.end(), again) != freed.end());
+  CHECK(f.sim.segment_calls() == 5);
   // Close to the limit the epoch is fenced whatever its size.
   AllocatorOptions tight = o;
   tight.memory_limit_bytes = kWhole;
@@ -182,6 +194,32 @@ TEST_CASE("the epoch is fenced only once it holds free_epoch_bytes, or memory is
   g.alloc.free(p, FreeOrder::kDevice);
   CHECK(g.get(kWhole) == p);
   CHECK(g.sim.device_fences() == 1);
+}
+
+TEST_CASE("a cudaFree'd large block serves a request that would split a bigger free block, while the device keeps up") {
+  Fixture f;
+  const DevicePtr a = f.get(kWhole);
+  const DevicePtr c = f.get(kWhole);
+  const DevicePtr big = f.get(40 * kMiB);
+  REQUIRE(f.alloc.free(big, FreeOrder::kCompleted) == Status::kOk);  // a whole free 40 MiB segment
+  f.sim.enqueue(kStreamA);  // device work queued before the frees below
+  REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);     // into the open epoch
+  // No epoch closed before: the epoch is closed for this request. Its fence waits for the
+  // work on A, so `a` is out of reach and the 40 MiB block is split.
+  CHECK(f.get(kWhole) == big);
+  CHECK(f.sim.device_fences() == 1);
+  // The device lags (that fence is outstanding): the next cudaFree'd block stays in the open
+  // epoch and the split remainder serves.
+  REQUIRE(f.alloc.free(c, FreeOrder::kDevice) == Status::kOk);
+  CHECK(f.get(kWhole) == big + kWhole);
+  CHECK(f.sim.device_fences() == 1);
+  // Once the device has passed the fence, the epoch holding `c` is closed for the next request
+  // that would split a block, and `a` or `c`, exact fits, serve rather than the 16 MiB left.
+  f.sim.run_all();
+  const DevicePtr next = f.get(kWhole);
+  CHECK((next == a || next == c));
+  CHECK(f.sim.device_fences() == 2);
+  CHECK(f.sim.segment_calls() == 3);
 }
 
 TEST_CASE("a program far ahead of the device waits for the oldest fence past max_pending_bytes") {

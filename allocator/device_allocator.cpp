@@ -54,20 +54,21 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
 }
 
 // cudaFree'd large blocks wait in the open epoch, out of the pool's best fit: the pool then
-// splits a bigger free block, or cuts memory, for a request that one of them would have
-// served, and the waste piles up (gpt2-train replayed as cudaMalloc/cudaFree with the device
-// keeping up: utilization 0.738, against 0.978 with the same frees in stream order). So when
-// the best fit `fit` would be split, or there is none, and the epoch holds a block that could
-// serve, the epoch is closed now, provided the device has passed the fence of the epoch closed
-// before: it keeps up, so this fence is likely passed at once or by the next request. Behind a
-// lagging device, closing at every such request only adds fences and fence waits (replayed 200
-// ops behind: 2-6x the waits, no better utilization). Returns the best fit after that.
+// splits a bigger free block for a request that one of them would have served, and the waste
+// piles up (gpt2-train replayed as cudaMalloc/cudaFree with the device keeping up: utilization
+// 0.738, against 0.978 with the same frees in stream order). So when the best fit `fit` would
+// be split and the epoch holds a block that could serve, the epoch is closed now, provided the
+// device has passed the fence of the epoch closed before: it keeps up, so this fence is likely
+// passed at once. Returns the best fit after that.
+// Not when nothing fits: closing then made a loop of cudaMalloc/cudaFree pairs record a fence
+// per pair (H200: a 16 MiB pair took 1.5-1.7 us against 0.4-0.7) and gained the replays
+// nothing. Behind a lagging device, closing at every such request only adds fences.
 Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   const PoolKind kind = PoolKind::kLarge;
   if (!fences.epoch_holds(kind, rounded)) return fit;
-  if (fit != nullptr && !sizes.should_split(fit->size, rounded, kind)) return fit;
+  if (fit == nullptr || !sizes.should_split(fit->size, rounded, kind)) return fit;
   if (!fences.newest_epoch_passed()) return fit;
-  if (fit != nullptr) blocks.insert(fit);
+  blocks.insert(fit);
   fences.close_epoch(backend);
   collect_ready();
   return blocks.find(stream, rounded, kind);

@@ -241,7 +241,7 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
   // test reads no links that the locked path may be changing.)
   const bool whole_segment = !b->segment->expandable && b->size == b->segment->size;
   const bool cacheable = b->segment->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
-                                                              : reusable && whole_segment && (found_own || b->taker == own);
+                                                              : reusable && whole_segment && (found_own || (own != nullptr && b->taker == own));
   if (m.options.thread_cache && cacheable) {
     ThreadCache& cache = own != nullptr ? *own : m.local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);

@@ -20,6 +20,16 @@ using Impl = DeviceAllocator::Impl;
 
 constexpr std::size_t kCoverLag = 4;
 
+// Whether a large block, reusable at once, goes to the freeing thread's bins: only a whole plain
+// segment freed by the thread that took it. A whole segment has no neighbours to keep from
+// coalescing (parking split blocks cost vit-train's replay 1.1% of utilization: the bins hand
+// back the last block freed, where the pool picks the best fit). One freed by a consumer thread
+// that never allocates its size would sit in that thread's bins. (The size test reads no links
+// that the locked path may be changing.)
+bool parks_large(const Block* b, bool taken_here) {
+  return taken_here && !b->segment->expandable && b->size == b->segment->size;
+}
+
 struct LocalEntry {
   std::uint64_t id;
   std::weak_ptr<Impl> owner;
@@ -233,15 +243,9 @@ Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream
   // there for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  // A large block is parked only when it is reusable at once, is a whole plain segment, and
-  // is freed by the thread that took it. A whole segment has no neighbours to keep from
-  // coalescing (parking split blocks cost vit-train's replay 1.1% of utilization: the bins
-  // hand back the last block freed, where the pool picks the best fit). One freed by a
-  // consumer thread that never allocates its size would sit in that thread's bins. (The size
-  // test reads no links that the locked path may be changing.)
-  const bool whole_segment = !b->segment->expandable && b->size == b->segment->size;
-  const bool cacheable = b->segment->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
-                                                              : reusable && whole_segment && (found_own || (own != nullptr && b->taker == own));
+  const bool cacheable = b->segment->pool == PoolKind::kSmall
+                             ? reusable || order == FreeOrder::kDevice
+                             : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
   if (m.options.thread_cache && cacheable) {
     ThreadCache& cache = own != nullptr ? *own : m.local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);

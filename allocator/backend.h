@@ -22,7 +22,16 @@ class Fence {
   // Blocks until done(). False if it cannot wait now (e.g. the stream is being captured);
   // the fence then stays pending.
   virtual bool wait() = 0;
+  // Whether every piece of work queued after this fence, on any stream that can reach the
+  // memory, runs after it: then a block it covers may go back to the program before the fence
+  // completes (its next owner's work is ordered behind the last owner's). A device fence can
+  // say so in a context whose streams all order with the legacy stream. Giving memory back
+  // to the device still needs done() or wait().
+  virtual bool orders_reuse() const { return false; }
 };
+
+// Whether `f` no longer keeps the blocks it covers from the program.
+inline bool reusable_after(Fence& f) { return f.orders_reuse() || f.done(); }
 
 // Handle of physical memory created for virtual-memory (expandable) segments.
 using PhysicalHandle = std::uint64_t;

@@ -49,13 +49,9 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
   return nullptr;
 }
 
-// Gives back every mapped chunk of `s` that lies inside a free block, once the segment's
-// stream has passed its frees (the device may still be reading a block freed in stream order).
+// Gives back every mapped chunk of `s` that lies inside a free block. The caller has waited
+// for the device: a free block may still be read by work queued before its free.
 std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_below) {
-  if (s->stream != kNoStream) {
-    auto fence = backend_.record_fence(s->stream);
-    if (!fence->wait()) return 0;
-  }
   std::size_t released = 0;
   for (auto it = s->chunks.begin(); it != s->chunks.end() && segments_.bytes() > stop_below;) {
     const auto [start, bytes] = *it;
@@ -80,7 +76,12 @@ std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_b
   return released;
 }
 
+// One wait on a device fence covers every segment. A stream fence would not be enough even
+// for a segment of one stream: a block of any segment may have been cudaFree'd, and a device
+// fence that orders reuse (backend.h) let it go back to the pool before its work ran.
 std::size_t ExpandableSegments::unmap_all_free_chunks(std::size_t stop_below) {
+  if (by_key_.empty() || segments_.bytes() <= stop_below) return 0;
+  if (!backend_.record_device_fence()->wait()) return 0;
   std::size_t released = 0;
   for (auto& [key, s] : by_key_) released += unmap_free_chunks(s, stop_below);
   return released;

@@ -30,7 +30,8 @@ class FenceClock {
     return next_ticket_++;
   }
 
-  // Whether every batch up to `ticket` is past its fence. Records a device fence if none
+  // Whether every batch up to `ticket` is past its fence (or behind one that orders reuse,
+  // backend.h). Records a device fence if none
   // covering `ticket` exists yet. Non-blocking.
   bool passed(std::uint64_t ticket, SegmentBackend& backend) {
     if (passed_now(ticket)) return true;
@@ -90,7 +91,7 @@ class FenceClock {
         oldest = recorded_.front().fence;
         covers = recorded_.front().covers;
       }
-      const bool done = oldest->done();
+      const bool done = reusable_after(*oldest);
       std::lock_guard lock(lock_);
       querying_ = false;
       if (!done) return;

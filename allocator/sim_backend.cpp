@@ -9,8 +9,10 @@ namespace cudalloc {
 
 class SimBackend::SimFence final : public Fence {
  public:
-  SimFence(SimBackend& sim, std::vector<std::pair<StreamHandle, std::uint64_t>> targets)
-      : sim_(sim), targets_(std::move(targets)) {}
+  SimFence(SimBackend& sim, std::vector<std::pair<StreamHandle, std::uint64_t>> targets, bool orders_reuse = false)
+      : sim_(sim), targets_(std::move(targets)), orders_reuse_(orders_reuse) {}
+
+  bool orders_reuse() const override { return orders_reuse_; }
 
   bool done() override {
     std::lock_guard lock(sim_.mutex_);
@@ -31,6 +33,7 @@ class SimBackend::SimFence final : public Fence {
  private:
   SimBackend& sim_;
   std::vector<std::pair<StreamHandle, std::uint64_t>> targets_;
+  bool orders_reuse_;
 };
 
 SimBackend::SimBackend(SimOptions options) : options_(options) { streams_[0]; }
@@ -118,7 +121,7 @@ std::unique_ptr<Fence> SimBackend::record_device_fence() {
   ++device_fences_;
   std::vector<std::pair<StreamHandle, std::uint64_t>> targets;
   for (auto& [handle, s] : streams_) targets.emplace_back(handle, s.enqueued);
-  return std::make_unique<SimFence>(*this, std::move(targets));
+  return std::make_unique<SimFence>(*this, std::move(targets), options_.blocking_streams);
 }
 
 std::size_t SimBackend::total_memory() const {

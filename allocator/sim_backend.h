@@ -20,6 +20,9 @@ struct SimOptions {
   // Without it, addresses are made up and must not be touched: replays of huge traces use that.
   bool host_memory = true;
   std::size_t vm_granularity = 2 * kMiB;
+  // Every stream orders with the legacy stream, as in a program with no non-blocking stream:
+  // device fences order reuse (backend.h), as the driver backend's do in such a context.
+  bool blocking_streams = false;
 };
 
 enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap };

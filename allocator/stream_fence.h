@@ -28,23 +28,24 @@ class FenceQueue {
   bool epoch_holds(PoolKind pool, std::size_t bytes) const {
     return epoch_largest_[pool == PoolKind::kLarge ? 1 : 0] >= bytes;
   }
-  // Whether the fence of the last epoch closed has completed (true if none is outstanding).
-  // Queries one fence; the others are settled by collect().
+  // Whether the fence of the last epoch closed no longer holds its blocks back (true if none
+  // is outstanding). Queries one fence; the others are settled by collect().
   bool newest_epoch_passed() {
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-      if (it->epoch) return it->fence->done();
+      if (it->epoch) return reusable_after(*it->fence);
     }
     return true;
   }
   // Puts one device fence behind every block of the open epoch.
   void close_epoch(SegmentBackend& backend);
 
-  // Hands every block whose fences have all completed to `ready`. Non-blocking.
+  // Hands every block whose fences have all completed, or order its reuse, to `ready`.
+  // Non-blocking.
   template <typename F>
   std::size_t collect(F&& ready) {
     std::size_t n = 0;
     for (auto it = entries_.begin(); it != entries_.end();) {
-      if (!it->fence->done()) {
+      if (!reusable_after(*it->fence)) {
         ++it;
         continue;
       }

@@ -83,8 +83,11 @@ class EventFence final : public Fence {
     return true;
   }
 
+  bool orders_reuse() const override { return ordered; }
+
   std::vector<CUevent> events;
   std::vector<std::shared_ptr<DriverBackend::Tail>> tails;
+  bool ordered = false;  // see driver_backend.h
 
  private:
   DriverBackend* backend_;
@@ -183,12 +186,55 @@ void DriverBackend::give_event(CUevent e) {
   if (!dead_) free_events_.push_back(e);
 }
 
-void DriverBackend::add_stream(StreamInfo* s) {
+void DriverBackend::add_stream(StreamInfo* s, bool helper) {
   if (!s->non_blocking) return;
-  std::lock_guard lock(mutex_);
-  if (std::find(non_blocking_.begin(), non_blocking_.end(), s) == non_blocking_.end()) {
+  bool follow = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_ || std::find(non_blocking_.begin(), non_blocking_.end(), s) != non_blocking_.end()) return;
+    s->helper.store(helper, std::memory_order_relaxed);
     non_blocking_.push_back(s);
+    // Ordering fences end here (device_fence_now sees this stream); the blocks handed out under
+    // the ones before must not be reached by its work before theirs ran.
+    follow = !helper && fences_ordered_;
   }
+  if (follow) follow_legacy(s->handle);
+}
+
+void DriverBackend::unmark_helper(StreamInfo* s) {
+  bool follow = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_ || !s->helper.load(std::memory_order_relaxed)) return;
+    s->helper.store(false, std::memory_order_relaxed);
+    follow = fences_ordered_;
+  }
+  log_debug("helper stream %p met in a memory call: device fences record on it from now on",
+            static_cast<void*>(s->handle));
+  if (follow) follow_legacy(s->handle);
+}
+
+void DriverBackend::follow_legacy(CUstream s) {
+  CurrentContext current(ctx_);
+  CUevent e = take_event();
+  if (e != nullptr && driver().cuEventRecord(e, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
+      driver().cuStreamWaitEvent(s, e, 0) == CUDA_SUCCESS) {
+    give_event(e);  // the wait took the record as it is now; the event may be recorded again
+    return;
+  }
+  give_event(e);
+  log_warn("a new non-blocking stream could not wait for the legacy stream; the host waits for it instead");
+  if (driver().cuStreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) driver().cuCtxSynchronize();
+}
+
+void DriverBackend::settle_reuse() {
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_ || !fences_ordered_) return;
+  }
+  if (captures_.any()) return;  // nothing may synchronize a capturing stream; IPC during one is rare
+  CurrentContext current(ctx_);
+  if (driver().cuStreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) driver().cuCtxSynchronize();
 }
 
 void DriverBackend::end_ordered_era() {
@@ -254,14 +300,29 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   auto fence = std::make_unique<EventFence>(this);
   std::vector<CUstream> targets{CU_STREAM_LEGACY};
   std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
+  CUevent legacy = take_event();
   {
     std::lock_guard lock(mutex_);
-    for (StreamInfo* s : non_blocking_) targets.push_back(s->handle);
+    bool independent = false;  // a non-blocking stream not ordered with the legacy one
+    for (StreamInfo* s : non_blocking_) {
+      targets.push_back(s->handle);
+      independent = independent || !s->helper.load(std::memory_order_relaxed);
+    }
     for (auto& t : tails_) {
       (t->query() ? finished : fence->tails).push_back(t);
     }
     tails_ = fence->tails;
+    // Recorded under the lock, so that a non-blocking stream added meanwhile (add_stream)
+    // either ends ordering before this fence or follows the legacy stream after it.
+    if (!independent && fence->tails.empty() && legacy != nullptr &&
+        driver().cuEventRecord(legacy, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
+      fences_ordered_ = true;
+      fence->ordered = true;
+      fence->events.push_back(legacy);
+      return fence;  // helper streams' work is joined into their callers' streams
+    }
   }
+  give_event(legacy);
   for (CUstream s : targets) {
     CUevent e = take_event();
     const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);

@@ -6,6 +6,12 @@
 // and waits for the last work of non-blocking streams destroyed while it was still queued.
 // While a capture is on, fences are deferred: they record (as a device fence, later than
 // needed, which is safe) once no capture is on any more.
+//
+// In a context with no non-blocking stream (library helper streams aside), the legacy event
+// alone is the device fence, and it orders reuse (backend.h): work queued after it on the
+// legacy stream runs after it, and so does work on any blocking or per-thread default stream,
+// which waits for earlier legacy work. A non-blocking stream that appears later is made to
+// wait for the legacy stream before its first work, so it too runs behind every such fence.
 #pragma once
 
 #include <map>
@@ -38,8 +44,15 @@ class DriverBackend final : public SegmentBackend {
   Status map(DevicePtr va, std::size_t bytes) override;
   Status unmap(DevicePtr va, std::size_t bytes) override;
 
-  // A non-blocking stream of this context (from the stream hooks).
-  void add_stream(StreamInfo* s);
+  // A non-blocking stream of this context (from the stream hooks); `helper`: a library's
+  // helper stream (helper_streams.h).
+  void add_stream(StreamInfo* s, bool helper = false);
+  // A helper stream met in a memory call: from now on it counts as the program's own.
+  void unmark_helper(StreamInfo* s);
+  // Blocks until the work queued before the blocks handed out under ordering fences is done
+  // (another process, given an IPC handle, is not ordered behind it). Nothing to do if no
+  // fence has ordered reuse.
+  void settle_reuse();
   // Called before the stream is destroyed: remembers an event after its last work.
   void remove_stream(StreamInfo* s);
   // single_stream's end (single_stream.h): an event on the legacy stream behind the work
@@ -69,11 +82,14 @@ class DriverBackend final : public SegmentBackend {
   std::vector<CUevent> free_events_;
   std::vector<StreamInfo*> non_blocking_;
   CUevent ordered_era_end_ = nullptr;  // kept for the context's life; null: none, or waited for
+  bool fences_ordered_ = false;        // a device fence has ordered reuse (see above)
   std::vector<std::shared_ptr<Tail>> tails_;
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
   // Segments given back while a capture was on (cuMemFree would break a global capture).
   std::vector<DevicePtr> deferred_frees_;
   void flush_deferred_frees();
+  // `s` runs nothing queued from now on before the legacy stream's work queued so far.
+  void follow_legacy(CUstream s);
 };
 
 }  // namespace cudalloc::shim

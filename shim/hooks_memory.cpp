@@ -53,9 +53,11 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
 }
 
 // A stream other than the legacy one ends single_stream; one met for the first time (made
-// by a path cudalloc does not wrap) learns what the backend and single_stream need of it.
+// by a path cudalloc does not wrap) learns what the backend and single_stream need of it. A
+// library's helper stream in a memory call is used beyond the fork and join that order it.
 void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
   if (learnt) s.backend.add_stream(si);
+  if (si->helper.load(std::memory_order_relaxed)) s.backend.unmark_helper(si);
   if (si->kind != StreamInfo::Kind::kLegacy && (learnt || ps.single_stream.active())) {
     ps.single_stream.stream_seen(ps.contexts, s, si, learnt ? "an unknown stream" : "a stream other than the legacy one");
   }
@@ -251,7 +253,10 @@ CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr p
   if (owner == nullptr) return d.cuIpcGetMemHandle(handle, ptr);
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_INVALID_VALUE;
-  if (info->base == info->segment_base) return d.cuIpcGetMemHandle(handle, ptr);
+  if (info->base == info->segment_base) {
+    owner->backend.settle_reuse();  // the block's last owner's work may still be queued
+    return d.cuIpcGetMemHandle(handle, ptr);
+  }
   log_error("cuIpcGetMemHandle(0x%llx): this block lies inside a larger cached segment (at offset %zu) and an "
             "IPC handle would open at the segment's start, not at this block; IPC of sub-allocated "
             "blocks is not supported. Run the exporting process with CUDALLOC_NO_CACHING=1.",

@@ -21,12 +21,14 @@ CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void
   log_debug("stream %p created in context %p, flags %#x", static_cast<void*>(*stream), static_cast<void*>(ctx), flags);
   StreamInfo* si = ps->streams.created(*stream, ctx, flags);
   if (ContextState* s = ps->contexts.get(ctx)) {
-    s->backend.add_stream(si);
-    // A blocking stream keeps single_stream on: the legacy stream orders against it both ways.
-    // So does a library's helper stream, which the library orders with its caller's stream.
-    // Either one's first use in a memory call still ends the mode (hooks_memory.cpp).
-    if (flags & CU_STREAM_NON_BLOCKING) {
-      const char* lib = ps->single_stream.active() ? helper_stream_library(caller) : nullptr;
+    // A blocking stream keeps single_stream on, and device fences ordering reuse: the legacy
+    // stream orders against it both ways. So does a library's helper stream, which the library
+    // orders with its caller's stream. Either one's first use in a memory call still ends the
+    // mode (hooks_memory.cpp).
+    const bool non_blocking = (flags & CU_STREAM_NON_BLOCKING) != 0;
+    const char* lib = non_blocking ? helper_stream_library(caller) : nullptr;
+    s->backend.add_stream(si, lib != nullptr);
+    if (non_blocking) {
       if (lib != nullptr) {
         log_debug("stream %p is a helper stream of %s; single_stream stays on", static_cast<void*>(*stream), lib);
       } else {

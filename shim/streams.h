@@ -22,6 +22,9 @@ struct StreamInfo {
   CUcontext ctx = nullptr;      // kCreated: the stream's context
   bool non_blocking = false;
   std::atomic<bool> alive{true};
+  // A non-blocking stream that a library forks onto from its caller's stream and joins back
+  // (helper_streams.h): ordered with the caller's stream. Cleared if it meets a memory call.
+  std::atomic<bool> helper{false};
 };
 
 inline StreamHandle key_of(const StreamInfo* s) { return reinterpret_cast<StreamHandle>(s); }

@@ -281,13 +281,22 @@ struct ReplayResult {
   std::int64_t pending_waits = 0;  // fences a miss waited for (max_pending_mb; with --gpu-lag)
 };
 
-// gpu_lag: 0, the device keeps up (every fence has completed when the allocator looks); N, the
-// program runs N ops ahead of it: each op queues one item of work on its stream (cudaMalloc and
-// cudaFree: the legacy stream) and the device runs a stream only down to N queued items, or
-// further while the allocator waits on a fence. That is a GPU-bound program, whose frees wait.
+// The simulated device's timing and streams.
+struct DeviceModel {
+  // 0: the device keeps up (every fence has completed when the allocator looks); N: the program
+  // runs N ops ahead of it: each op queues one item of work on its stream (cudaMalloc and
+  // cudaFree: the legacy stream) and the device runs a stream only down to N queued items, or
+  // further while the allocator waits on a fence. That is a GPU-bound program, whose frees wait.
+  std::size_t gpu_lag = 0;
+  // The program's streams all order with the legacy stream (no non-blocking stream, as in
+  // PyTorch on one GPU): cudalloc's device fences then order reuse (SimOptions).
+  bool blocking_streams = false;
+};
+
 ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t total, std::size_t limit,
-                    bool stop_at_oom, std::size_t gpu_lag, OpTraceWriter* writer = nullptr) {
-  SimBackend sim(SimOptions{.total_memory = total, .host_memory = false});
+                    bool stop_at_oom, const DeviceModel& model, OpTraceWriter* writer = nullptr) {
+  const std::size_t gpu_lag = model.gpu_lag;
+  SimBackend sim(SimOptions{.total_memory = total, .host_memory = false, .blocking_streams = model.blocking_streams});
   DeviceAllocator alloc(sim, options);
   if (limit != 0) alloc.set_memory_limit(limit);
   PeakObserver peaks(writer);
@@ -358,12 +367,12 @@ struct MinMemory {
 };
 
 MinMemory min_memory(const Trace& t, const AllocatorOptions& options, std::size_t total,
-                     std::size_t top_limit, std::size_t resolution, std::size_t gpu_lag,
+                     std::size_t top_limit, std::size_t resolution, const DeviceModel& model,
                      const ReplayResult& unlimited) {
   MinMemory m;
   auto ok = [&](std::size_t limit) {
     ++m.trials;
-    return replay(t, options, total, limit, /*stop_at_oom=*/true, gpu_lag).completed;
+    return replay(t, options, total, limit, /*stop_at_oom=*/true, model).completed;
   };
   auto units_up = [&](std::size_t b) { return (b + resolution - 1) / resolution; };
   // Every limit below the peak allocated bytes fails: a run without OOM allocates exactly the
@@ -439,7 +448,7 @@ struct Options {
   std::string input = "-";
   std::string label;
   std::string write_trace;
-  std::size_t gpu_lag = 0;
+  DeviceModel device;
   bool as_cudamalloc = false;
 };
 
@@ -449,7 +458,8 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
   std::printf("; simulated device %s", format_bytes(o.total).c_str());
   if (o.limit != 0) std::printf(", limit %s", format_bytes(o.limit).c_str());
   if (o.as_cudamalloc) std::printf("; every op as cudaMalloc/cudaFree");
-  if (o.gpu_lag != 0) std::printf("; device %zu ops behind", o.gpu_lag);
+  if (o.device.gpu_lag != 0) std::printf("; device %zu ops behind", o.device.gpu_lag);
+  if (o.device.blocking_streams) std::printf("; blocking streams only");
   std::printf("\n");
   if (t.errors != 0) {
     std::printf("input errors: %llu ops skipped (frees of ids not live, allocations of live ids; see stderr)\n",
@@ -494,7 +504,7 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
   }
   std::printf("\nutilization = peak allocated / peak reserved; segments = peak segment count; "
               "device calls = segment allocations + frees\n");
-  if (o.gpu_lag != 0) {
+  if (o.device.gpu_lag != 0) {
     std::printf("fence waits (a miss waiting for the device, max_pending_mb):");
     for (const Row& row : rows) std::printf(" %s %lld;", row.setting.c_str(), (long long)row.r.pending_waits);
     std::printf("\n");
@@ -508,10 +518,10 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
 void print_json(const Options& o, const Trace& t, const std::vector<Row>& rows) {
   std::printf("{\n  \"input\": {\"source\": \"%s\", \"ops\": %llu, \"allocs\": %llu, \"frees\": %llu, "
               "\"input_errors\": %llu, \"total_memory\": %zu, \"limit\": %zu, \"resolution\": %zu, "
-              "\"gpu_lag\": %zu, \"as_cudamalloc\": %s},\n",
+              "\"gpu_lag\": %zu, \"blocking_streams\": %s, \"as_cudamalloc\": %s},\n",
               json_escape(o.label).c_str(), (unsigned long long)t.ops.size(), (unsigned long long)t.allocs,
-              (unsigned long long)t.frees, (unsigned long long)t.errors, o.total, o.limit, o.resolution, o.gpu_lag,
-              o.as_cudamalloc ? "true" : "false");
+              (unsigned long long)t.frees, (unsigned long long)t.errors, o.total, o.limit, o.resolution,
+              o.device.gpu_lag, o.device.blocking_streams ? "true" : "false", o.as_cudamalloc ? "true" : "false");
   std::printf("  \"results\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
@@ -572,7 +582,10 @@ const char* kUsage =
     "  --gpu-lag N        the simulated device runs N ops behind the program (a GPU-bound program:\n"
     "                     freed blocks wait for it); default 0, every fence has completed\n"
     "  --as-cudamalloc    every allocation a cudaMalloc and every free a cudaFree (what a framework\n"
-    "                     with its own cache off asks of cudalloc)\n";
+    "                     with its own cache off asks of cudalloc)\n"
+    "  --blocking-streams the program has no non-blocking stream (PyTorch on one GPU): a device fence\n"
+    "                     orders the reuse of the blocks it covers, so cudaFree'd blocks need not wait\n"
+    "                     for the device\n";
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -622,7 +635,9 @@ Options parse_args(int argc, char** argv) {
       std::size_t n = 0;
       const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
       if (ec != std::errc() || end != v.data() + v.size()) die("bad --gpu-lag " + quote(v) + " (a count of ops)");
-      o.gpu_lag = n;
+      o.device.gpu_lag = n;
+    } else if (name == "--blocking-streams") {
+      o.device.blocking_streams = true;
     } else if (name == "--as-cudamalloc") {
       o.as_cudamalloc = true;
     } else if (a.size() > 1 && a[0] == '-') {
@@ -683,13 +698,13 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (std::size_t i = 0; i < settings.size(); ++i) {
     const auto& [label, opts] = settings[i];
-    Row row{label, replay(t, opts, o.total, o.limit, false, o.gpu_lag, i == 0 && writer ? &*writer : nullptr),
+    Row row{label, replay(t, opts, o.total, o.limit, false, o.device, i == 0 && writer ? &*writer : nullptr),
             std::nullopt};
     if (o.min_memory) {
       // The top of the search: --limit if given, else the limit the setting itself implies.
-      const std::size_t top = o.limit != 0 ? o.limit : replay(Trace{}, opts, o.total, 0, true, 0).limit;
-      const ReplayResult base = o.limit != 0 ? replay(t, opts, o.total, 0, false, o.gpu_lag) : row.r;
-      row.min = min_memory(t, opts, o.total, std::min(top, o.total), o.resolution, o.gpu_lag, base);
+      const std::size_t top = o.limit != 0 ? o.limit : replay(Trace{}, opts, o.total, 0, true, DeviceModel{}).limit;
+      const ReplayResult base = o.limit != 0 ? replay(t, opts, o.total, 0, false, o.device) : row.r;
+      row.min = min_memory(t, opts, o.total, std::min(top, o.total), o.resolution, o.device, base);
     }
     rows.push_back(std::move(row));
   }

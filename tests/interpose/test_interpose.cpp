@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -300,6 +301,70 @@ TEST_CASE("a late write on the per-thread default stream never corrupts the next
     CHECK(all_equal(read_back(c, q, n), 0x55));
     REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
   }
+}
+
+// With no non-blocking stream in the context, the device fence that closes a cudaFree epoch is
+// one event on the legacy stream, and it orders reuse: the freed blocks go back to the program
+// while their last owner's work is still queued, because every stream's later work waits for
+// that event (blocking streams and per-thread default streams wait for earlier legacy work).
+TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and their last owner's work still runs first",
+          "[race]") {
+  Client& c = client::client();
+  const size_t n = 16 << 20;
+  CUstream old_owner = make_stream(c, 0);
+  // Four blocks fill a 64 MiB epoch; each gets a write that runs 50 ms after the one before.
+  std::set<CUdeviceptr> freed;
+  for (int i = 0; i < 4; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    REQUIRE(c.launch_write(old_owner, p, n, 0xAA, 50000) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    freed.insert(p);
+  }
+  CUevent late_done = nullptr;
+  REQUIRE(c.api.cuEventCreate(&late_done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuEventRecord(late_done, old_owner) == CUDA_SUCCESS);
+  // The new owners write 0x55 from another blocking stream, or from another thread's
+  // per-thread default stream.
+  const bool per_thread = GENERATE(false, true);
+  INFO("new owners on " << (per_thread ? "another thread's per-thread default stream" : "another blocking stream"));
+  CUstream new_owner = make_stream(c, 0);
+  std::vector<CUdeviceptr> got;
+  auto take = [&] {
+    for (int i = 0; i < 32; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+      REQUIRE(c.launch_write(per_thread ? CU_STREAM_PER_THREAD : new_owner, q, n, 0x55, 0) == CUDA_SUCCESS);
+      got.push_back(q);
+    }
+  };
+  if (per_thread) {
+    std::thread other([&] {
+      REQUIRE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+      take();  // not synchronized here: that would wait for the late writes
+    });
+    other.join();
+  } else {
+    take();
+  }
+  // The late writes have not run yet, and freed blocks were handed out again.
+  CHECK(c.api.cuEventQuery(late_done) == CUDA_ERROR_NOT_READY);
+  const auto again = std::find_if(got.begin(), got.end(), [&](CUdeviceptr q) { return freed.count(q) != 0; });
+  REQUIRE(again != got.end());
+  // A non-blocking stream made now also runs behind the late writes (and the new owner's).
+  CUstream later = make_stream(c, CU_STREAM_NON_BLOCKING);
+  REQUIRE(c.launch_write(later, *again, 4096, 0x77, 0) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK(all_equal(read_back(c, *again, 4096), 0x77));
+  for (CUdeviceptr q : got) {
+    const size_t skip = q == *again ? 4096 : 0;
+    CHECK(all_equal(read_back(c, q + skip, n - skip), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  }
+  REQUIRE(c.api.cuEventDestroy_v2(late_done) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(later) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(new_owner) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(old_owner) == CUDA_SUCCESS);
 }
 
 TEST_CASE("cudaMallocAsync / cudaFreeAsync are stream ordered", "[async]") {

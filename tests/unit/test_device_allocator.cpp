@@ -140,6 +140,55 @@ TEST_CASE("a cudaFree'd block waits for work queued on every stream") {
   CHECK(f.sim.queued(kStreamB) == 1);
 }
 
+// A program whose streams all order with the legacy stream: a device fence orders the reuse
+// of what it covers (backend.h), so cudaFree'd blocks come back before the device catches up.
+SimOptions blocking_streams() {
+  SimOptions so;
+  so.blocking_streams = true;
+  return so;
+}
+
+TEST_CASE("behind a fence that orders reuse, a cudaFree'd block serves again before the device ran") {
+  Fixture f(fence_every_miss(), blocking_streams());
+  DevicePtr a = f.get(kWhole);
+  f.sim.enqueue(kStreamA);  // its last owner's work, still queued
+  REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);
+  CHECK(f.get(kWhole) == a);
+  CHECK(f.sim.device_fences() == 1);
+  CHECK(f.sim.queued(kStreamA) == 1);
+  CHECK(f.sim.segment_calls() == 1);
+  // Stream-ordered frees onto another stream still wait for that stream: a stream fence orders
+  // nothing on the block's own stream.
+  DevicePtr s = f.get(kWhole, kStreamA);
+  f.sim.enqueue(kStreamB);
+  REQUIRE(f.alloc.free(s, FreeOrder::kStream, kStreamB) == Status::kOk);
+  CHECK(f.get(kWhole, kStreamA) != s);
+}
+
+TEST_CASE("behind fences that order reuse, cudaFree'd small blocks refill the thread cache before the device ran") {
+  for (const bool ordered : {false, true}) {
+    Fixture f({}, ordered ? blocking_streams() : SimOptions{});
+    f.sim.set_fences_stall(true);  // a device far behind: no fence completes
+    std::vector<DevicePtr> first;
+    for (int i = 0; i < 1000; ++i) first.push_back(f.get(64 * 1024));
+    for (DevicePtr p : first) REQUIRE(f.alloc.free(p, FreeOrder::kDevice) == Status::kOk);
+    const std::size_t segments = f.sim.segment_calls();
+    std::set<DevicePtr> again;
+    for (int i = 0; i < 1000; ++i) again.insert(f.get(64 * 1024));
+    INFO("fences order reuse: " << ordered);
+    const auto reused = std::count_if(first.begin(), first.end(), [&](DevicePtr p) { return again.count(p) != 0; });
+    if (ordered) {
+      // The three closed batches of 256 come back through the bins; the 232 frees still
+      // deferred in the open batch do not, and their place is cut anew (32 blocks a segment).
+      CHECK(reused == 3 * static_cast<long>(ThreadCache::kBatchBlocks));
+      CHECK(f.sim.segment_calls() - segments <= 8);
+    } else {
+      CHECK(reused == 0);
+      CHECK(f.sim.segment_calls() - segments >= 1000 / 32);
+    }
+  }
+}
+
 TEST_CASE("frees of one epoch share a single device fence") {
   AllocatorOptions o = fence_every_miss();
   o.thread_cache = false;  // the allocator's epoch, not a thread's batches

@@ -13,14 +13,16 @@ namespace {
 constexpr StreamHandle kStreamA = 0x10;
 
 struct Fixture {
-  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB) : sim(make_sim(total)) {
+  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB, bool blocking_streams = false)
+      : sim(make_sim(total, blocking_streams)) {
     options.expandable_segments = true;
     options.memory_limit_bytes = limit;
     alloc = std::make_unique<DeviceAllocator>(sim, options);
   }
-  static SimOptions make_sim(std::size_t total) {
+  static SimOptions make_sim(std::size_t total, bool blocking_streams) {
     SimOptions so;
     so.total_memory = total;
+    so.blocking_streams = blocking_streams;
     return so;
   }
   DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
@@ -92,6 +94,21 @@ TEST_CASE("chunks are unmapped only after the segment's stream has passed the fr
   f.alloc->free(a, FreeOrder::kStream, kStreamA);
   f.alloc->release_cached();
   CHECK(ran);  // the queued work ran before the memory went away
+  CHECK(f.sim.used_bytes() == 0);
+}
+
+TEST_CASE("a cudaFree'd block reused under an ordering fence is unmapped only after its work ran") {
+  Fixture f(0, 1 * kGiB, /*blocking_streams=*/true);
+  DevicePtr a = f.get(64 * kMiB);
+  bool ran = false;
+  f.sim.enqueue(0, [&] { ran = true; });  // its last owner's work, still queued
+  f.alloc->free(a, FreeOrder::kDevice);
+  // The epoch (64 MiB) is fenced by this miss, and the fence orders reuse: `a` serves at once.
+  CHECK(f.get(64 * kMiB) == a);
+  CHECK_FALSE(ran);
+  f.alloc->free(a, FreeOrder::kCompleted);
+  f.alloc->release_cached();
+  CHECK(ran);  // the device caught up before the chunk was unmapped
   CHECK(f.sim.used_bytes() == 0);
 }
 

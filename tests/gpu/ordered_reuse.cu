@@ -1,0 +1,99 @@
+// cudaFree'd blocks handed out again before their last owner's work ran, in a program with no
+// non-blocking stream: cudalloc closes the free epoch with one event on the legacy stream and
+// relies on the legacy stream's rules (blocking and per-thread default streams wait for
+// earlier legacy work; legacy work waits for earlier work on blocking streams) to run every
+// new owner's work after the old owner's. The late kernels here write 0xAA after ~30 ms; the
+// new owners write 0x55 from another blocking stream or from another thread's per-thread
+// default stream; a non-blocking stream created afterwards writes 0x77. Any other byte at the
+// end means the order broke. Exits 1 on corruption, 2 if no block came back early (nothing
+// was tested).
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+
+__global__ void late_write(unsigned char* p, size_t n, unsigned long long delay_ns) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) spin_ns(delay_ns);
+  __syncthreads();
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = 0xAA;
+}
+
+__global__ void count_not(const unsigned char* p, size_t n, unsigned char v, unsigned long long* bad) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    if (p[i] != v) atomicAdd(bad, 1ull);
+}
+
+int main() {
+  const size_t n = 16 << 20;  // four fill the 64 MiB free epoch
+  const size_t head = 4096;   // the non-blocking stream's part of the first reused block
+  cudaStream_t old_owner, new_owner;
+  CHECK_CUDA(cudaStreamCreate(&old_owner));
+  CHECK_CUDA(cudaStreamCreate(&new_owner));
+  cudaEvent_t late_done;
+  CHECK_CUDA(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
+  unsigned long long* bad;
+  CHECK_CUDA(cudaMallocHost(&bad, sizeof(*bad)));
+  int rounds = 12, early_rounds = 0;
+  unsigned long long reused = 0, corrupted = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const bool per_thread = round % 2 == 1;
+    std::set<unsigned char*> freed;
+    for (int i = 0; i < 4; ++i) {
+      unsigned char* p;
+      CHECK_CUDA(cudaMalloc(&p, n));
+      late_write<<<64, 256, 0, old_owner>>>(p, n, 30ull * 1000 * 1000);
+      CHECK_CUDA(cudaFree(p));
+      freed.insert(p);
+    }
+    CHECK_CUDA(cudaEventRecord(late_done, old_owner));
+    std::vector<unsigned char*> got;
+    auto take = [&] {
+      for (int i = 0; i < 8; ++i) {
+        unsigned char* q;
+        CHECK_CUDA(cudaMalloc(&q, n));
+        CHECK_CUDA(cudaMemsetAsync(q, 0x55, n, per_thread ? cudaStreamPerThread : new_owner));
+        got.push_back(q);
+      }
+    };
+    if (per_thread) {
+      std::thread t(take);
+      t.join();
+    } else {
+      take();
+    }
+    unsigned char* first_reused = nullptr;
+    for (unsigned char* q : got) {
+      if (freed.count(q) != 0) {
+        ++reused;
+        if (first_reused == nullptr) first_reused = q;
+      }
+    }
+    const bool early = cudaEventQuery(late_done) == cudaErrorNotReady && first_reused != nullptr;
+    early_rounds += early;
+    cudaStream_t later = nullptr;
+    if (first_reused != nullptr) {
+      CHECK_CUDA(cudaStreamCreateWithFlags(&later, cudaStreamNonBlocking));
+      CHECK_CUDA(cudaMemsetAsync(first_reused, 0x77, head, later));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    *bad = 0;
+    for (unsigned char* q : got) {
+      if (q == first_reused) {
+        count_not<<<64, 256>>>(q, head, 0x77, bad);
+        count_not<<<64, 256>>>(q + head, n - head, 0x55, bad);
+      } else {
+        count_not<<<64, 256>>>(q, n, 0x55, bad);
+      }
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    corrupted += *bad;
+    for (unsigned char* q : got) CHECK_CUDA(cudaFree(q));
+    if (later != nullptr) CHECK_CUDA(cudaStreamDestroy(later));
+  }
+  std::printf("ordered_reuse: rounds=%d early_rounds=%d reused_blocks=%llu corrupted_bytes=%llu\n", rounds,
+              early_rounds, reused, corrupted);
+  if (corrupted != 0) return 1;
+  return early_rounds > 0 ? 0 : 2;
+}

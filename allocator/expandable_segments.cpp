@@ -49,16 +49,21 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
   return nullptr;
 }
 
+// The free block that holds the whole mapped chunk [start, start+bytes) of `s`, or null.
+Block* ExpandableSegments::free_block_around(const Segment& s, DevicePtr start, std::size_t bytes) {
+  Block* b = SegmentTable::block_containing(s, start);
+  const bool inside = b != nullptr && b->mapped && b->state == BlockState::kFree && start + bytes <= b->ptr + b->size;
+  return inside ? b : nullptr;
+}
+
 // Gives back every mapped chunk of `s` that lies inside a free block. The caller has waited
 // for the device: a free block may still be read by work queued before its free.
 std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_below) {
   std::size_t released = 0;
   for (auto it = s->chunks.begin(); it != s->chunks.end() && segments_.bytes() > stop_below;) {
     const auto [start, bytes] = *it;
-    Block* b = SegmentTable::block_containing(*s, start);
-    const bool inside = b != nullptr && b->mapped && b->state == BlockState::kFree &&
-                        start + bytes <= b->ptr + b->size;
-    if (!inside || backend_.unmap(start, bytes) != Status::kOk) {
+    Block* b = free_block_around(*s, start, bytes);
+    if (b == nullptr || backend_.unmap(start, bytes) != Status::kOk) {
       ++it;
       continue;
     }
@@ -80,8 +85,14 @@ std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_b
 // for a segment of one stream: a block of any segment may have been cudaFree'd, and a device
 // fence that orders reuse (backend.h) let it go back to the pool before its work ran.
 std::size_t ExpandableSegments::unmap_all_free_chunks(std::size_t stop_below) {
-  if (by_key_.empty() || segments_.bytes() <= stop_below) return 0;
-  if (!backend_.record_device_fence()->wait()) return 0;
+  if (segments_.bytes() <= stop_below) return 0;
+  // No wait for the device when nothing could be given back (garbage collection asks often).
+  const bool any = std::any_of(by_key_.begin(), by_key_.end(), [this](const auto& entry) {
+    const Segment* s = entry.second;
+    return std::any_of(s->chunks.begin(), s->chunks.end(),
+                       [&](const auto& chunk) { return free_block_around(*s, chunk.first, chunk.second) != nullptr; });
+  });
+  if (!any || !backend_.record_device_fence()->wait()) return 0;
   std::size_t released = 0;
   for (auto& [key, s] : by_key_) released += unmap_free_chunks(s, stop_below);
   return released;

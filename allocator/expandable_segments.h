@@ -58,6 +58,7 @@ class ExpandableSegments {
   // The segment of (stream, kind), reserved on first use; null if no address space is left.
   Segment* segment_for(StreamHandle stream, PoolKind kind);
   std::size_t unmap_free_chunks(Segment* s, std::size_t stop_below);
+  static Block* free_block_around(const Segment& s, DevicePtr start, std::size_t bytes);
 
   SegmentBackend& backend_;
   SegmentTable& segments_;

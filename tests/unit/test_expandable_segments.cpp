@@ -112,6 +112,29 @@ TEST_CASE("a cudaFree'd block reused under an ordering fence is unmapped only af
   CHECK(f.sim.used_bytes() == 0);
 }
 
+TEST_CASE("garbage collection does not wait for the device when no chunk could be given back") {
+  Fixture f(0, 1 * kGiB);
+  f.options.garbage_collection_threshold = 0.05;  // 51 MiB of the 1 GiB device
+  f.alloc = std::make_unique<DeviceAllocator>(f.sim, f.options);
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 4; ++i) live.push_back(f.get(16 * kMiB));  // all live, all mapped
+  bool ran = false;
+  f.sim.enqueue(0, [&] { ran = true; });
+  const std::size_t fences = f.sim.device_fences();
+  live.push_back(f.get(16 * kMiB));  // above the threshold: collection runs, finds nothing
+  CHECK_FALSE(ran);
+  CHECK(f.sim.device_fences() == fences);
+  // Once a chunk is free it is given back, after the device caught up (a request it cannot
+  // serve misses and collects).
+  f.alloc->free(live[1], FreeOrder::kCompleted);
+  live.push_back(f.get(32 * kMiB));
+  CHECK(ran);
+  CHECK(f.sim.unmap_calls() >= 1);
+  for (DevicePtr p : live) {
+    if (p != live[1]) f.alloc->free(p, FreeOrder::kCompleted);
+  }
+}
+
 TEST_CASE("the limit caps mapped memory, and a failed map is rolled back and retried") {
   Fixture f(40 * kMiB);
   std::vector<DevicePtr> ptrs;

@@ -60,6 +60,10 @@ class EventFence final : public Fence {
   }
   bool done() override {
     if (backend_->dead()) return true;
+    if (mark != nullptr) {
+      if (!event_done(mark)) return false;
+      mark = nullptr;
+    }
     while (!events.empty()) {
       if (!event_done(events.back())) return false;
       backend_->give_event(events.back());
@@ -75,6 +79,8 @@ class EventFence final : public Fence {
     if (backend_->dead()) return true;
     if (backend_->captures().any()) return done();  // synchronizing now could break a capture
     profile::Scope timed(profile::Site::kFenceWait);
+    if (mark != nullptr) driver().cuEventSynchronize(mark);
+    mark = nullptr;
     for (CUevent e : events) driver().cuEventSynchronize(e);
     for (auto& t : tails) driver().cuEventSynchronize(t->event);
     for (CUevent e : events) backend_->give_event(e);
@@ -85,8 +91,11 @@ class EventFence final : public Fence {
 
   bool orders_reuse() const override { return ordered; }
 
-  std::vector<CUevent> events;
+  std::vector<CUevent> events;  // owned: given back to the backend's pool
   std::vector<std::shared_ptr<DriverBackend::Tail>> tails;
+  // An ordering fence's point: the backend's order mark, not owned. It may have been recorded
+  // again since, later than this fence, which only makes done() and wait() later.
+  CUevent mark = nullptr;
   bool ordered = false;  // see driver_backend.h
 
  private:
@@ -160,6 +169,7 @@ void DriverBackend::mark_dead() {
   std::lock_guard lock(mutex_);
   dead_ = true;
   free_events_.clear();  // destroyed with the context
+  order_mark_ = nullptr;  // so is this
   non_blocking_.clear();
   tails.swap(tails_);
   mapped_.clear();
@@ -188,7 +198,7 @@ void DriverBackend::give_event(CUevent e) {
 
 void DriverBackend::add_stream(StreamInfo* s, bool helper) {
   if (!s->non_blocking) return;
-  bool follow = false;
+  CUevent mark = nullptr;
   {
     std::lock_guard lock(mutex_);
     if (dead_ || std::find(non_blocking_.begin(), non_blocking_.end(), s) != non_blocking_.end()) return;
@@ -196,45 +206,41 @@ void DriverBackend::add_stream(StreamInfo* s, bool helper) {
     non_blocking_.push_back(s);
     // Ordering fences end here (device_fence_now sees this stream); the blocks handed out under
     // the ones before must not be reached by its work before theirs ran.
-    follow = !helper && fences_ordered_;
+    if (!helper) mark = order_mark_;
   }
-  if (follow) follow_legacy(s->handle);
+  if (mark != nullptr) wait_behind(s->handle, mark);
 }
 
 void DriverBackend::unmark_helper(StreamInfo* s) {
-  bool follow = false;
+  CUevent mark = nullptr;
   {
     std::lock_guard lock(mutex_);
     if (dead_ || !s->helper.load(std::memory_order_relaxed)) return;
     s->helper.store(false, std::memory_order_relaxed);
-    follow = fences_ordered_;
+    mark = order_mark_;
   }
   log_debug("helper stream %p met in a memory call: device fences record on it from now on",
             static_cast<void*>(s->handle));
-  if (follow) follow_legacy(s->handle);
+  if (mark != nullptr) wait_behind(s->handle, mark);
 }
 
-void DriverBackend::follow_legacy(CUstream s) {
+void DriverBackend::wait_behind(CUstream s, CUevent e) {
   CurrentContext current(ctx_);
-  CUevent e = take_event();
-  if (e != nullptr && driver().cuEventRecord(e, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
-      driver().cuStreamWaitEvent(s, e, 0) == CUDA_SUCCESS) {
-    give_event(e);  // the wait took the record as it is now; the event may be recorded again
-    return;
-  }
-  give_event(e);
-  log_warn("a new non-blocking stream could not wait for the legacy stream; the host waits for it instead");
-  if (driver().cuStreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) driver().cuCtxSynchronize();
+  if (driver().cuStreamWaitEvent(s, e, 0) == CUDA_SUCCESS) return;
+  log_warn("a non-blocking stream could not wait for the legacy stream's work; the host waits for it instead");
+  driver().cuEventSynchronize(e);
 }
 
 void DriverBackend::settle_reuse() {
+  CUevent mark = nullptr;
   {
     std::lock_guard lock(mutex_);
-    if (dead_ || !fences_ordered_) return;
+    if (dead_) return;
+    mark = order_mark_;
   }
-  if (captures_.any()) return;  // nothing may synchronize a capturing stream; IPC during one is rare
+  if (mark == nullptr) return;
   CurrentContext current(ctx_);
-  if (driver().cuStreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) driver().cuCtxSynchronize();
+  driver().cuEventSynchronize(mark);
 }
 
 void DriverBackend::end_ordered_era() {
@@ -260,12 +266,7 @@ void DriverBackend::follow_ordered_era(StreamInfo* s) {
     if (dead_) return;
     e = ordered_era_end_;
   }
-  if (e == nullptr) return;
-  CurrentContext current(ctx_);
-  if (driver().cuStreamWaitEvent(s->handle, e, 0) != CUDA_SUCCESS) {
-    log_warn("single_stream: a new non-blocking stream could not wait for the legacy stream; the host waits");
-    driver().cuEventSynchronize(e);
-  }
+  if (e != nullptr) wait_behind(s->handle, e);
 }
 
 void DriverBackend::remove_stream(StreamInfo* s) {
@@ -300,7 +301,7 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   auto fence = std::make_unique<EventFence>(this);
   std::vector<CUstream> targets{CU_STREAM_LEGACY};
   std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
-  CUevent legacy = take_event();
+  CUevent spare = take_event();  // the order mark, if there is none yet
   {
     std::lock_guard lock(mutex_);
     bool independent = false;  // a non-blocking stream not ordered with the legacy one
@@ -313,16 +314,18 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     }
     tails_ = fence->tails;
     // Recorded under the lock, so that a non-blocking stream added meanwhile (add_stream)
-    // either ends ordering before this fence or follows the legacy stream after it.
-    if (!independent && fence->tails.empty() && legacy != nullptr &&
-        driver().cuEventRecord(legacy, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
-      fences_ordered_ = true;
-      fence->ordered = true;
-      fence->events.push_back(legacy);
-      return fence;  // helper streams' work is joined into their callers' streams
+    // either ends ordering before this fence or waits for this record. Helper streams' work is
+    // joined into their callers' streams, which the legacy event covers.
+    if (!independent && fence->tails.empty()) {
+      if (order_mark_ == nullptr) std::swap(order_mark_, spare);
+      if (order_mark_ != nullptr && driver().cuEventRecord(order_mark_, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
+        fence->ordered = true;
+        fence->mark = order_mark_;
+      }
     }
   }
-  give_event(legacy);
+  give_event(spare);
+  if (fence->ordered) return fence;
   for (CUstream s : targets) {
     CUevent e = take_event();
     const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);

@@ -49,9 +49,9 @@ class DriverBackend final : public SegmentBackend {
   void add_stream(StreamInfo* s, bool helper = false);
   // A helper stream met in a memory call: from now on it counts as the program's own.
   void unmark_helper(StreamInfo* s);
-  // Blocks until the work queued before the blocks handed out under ordering fences is done
-  // (another process, given an IPC handle, is not ordered behind it). Nothing to do if no
-  // fence has ordered reuse.
+  // Blocks until the last fence that ordered reuse has completed: then no block handed out
+  // under one is still used by its previous owner's work (another process, given an IPC
+  // handle, would not be ordered behind that work). Nothing to do if none was recorded.
   void settle_reuse();
   // Called before the stream is destroyed: remembers an event after its last work.
   void remove_stream(StreamInfo* s);
@@ -82,14 +82,17 @@ class DriverBackend final : public SegmentBackend {
   std::vector<CUevent> free_events_;
   std::vector<StreamInfo*> non_blocking_;
   CUevent ordered_era_end_ = nullptr;  // kept for the context's life; null: none, or waited for
-  bool fences_ordered_ = false;        // a device fence has ordered reuse (see above)
+  // Recorded on the legacy stream by every fence that orders reuse (see above), so that a
+  // non-blocking stream met later can wait behind them all, even while a capture is on; null
+  // until the first one. Kept for the context's life.
+  CUevent order_mark_ = nullptr;
   std::vector<std::shared_ptr<Tail>> tails_;
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
   // Segments given back while a capture was on (cuMemFree would break a global capture).
   std::vector<DevicePtr> deferred_frees_;
   void flush_deferred_frees();
-  // `s` runs nothing queued from now on before the legacy stream's work queued so far.
-  void follow_legacy(CUstream s);
+  // `s` runs nothing queued from now on before `e` completes (the host waits if it cannot).
+  void wait_behind(CUstream s, CUevent e);
 };
 
 }  // namespace cudalloc::shim

@@ -244,6 +244,9 @@ struct Ctx {
     uint64_t id = 0;
     std::shared_ptr<Stream> legacy;
     std::set<Stream*> streams;  // user-created and per-thread streams (not legacy)
+    // Destroyed streams whose queued work may still run: the context's synchronization (and
+    // cuMemFree's) waits for it, as the driver's does.
+    std::vector<std::shared_ptr<Stream>> retired;
 };
 
 enum class Kind { Linear, Async, Managed, Pitch };
@@ -586,6 +589,8 @@ std::vector<Dep> ctx_fence_locked(Ctx* ctx) {
     if (ctx->legacy && ctx->legacy->submitted) v.push_back({ctx->legacy, ctx->legacy->submitted});
     for (Stream* s : ctx->streams)
         if (s->submitted) v.push_back({s->shared_from_this(), s->submitted});
+    std::erase_if(ctx->retired, [](const std::shared_ptr<Stream>& s) { return s->completed.load() >= s->submitted; });
+    for (const auto& s : ctx->retired) v.push_back({s, s->submitted});
     return v;
 }
 
@@ -629,6 +634,7 @@ void ctx_teardown_locked(Ctx* ctx, std::unique_lock<std::mutex>& lk) {
         }
     }
     ctx->streams.clear();
+    ctx->retired.clear();
     if (ctx->legacy) {
         D.streams.erase(ctx->legacy.get());
         ctx->legacy->retire();
@@ -1509,6 +1515,7 @@ FK_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream h) {
     if (!h || it == drv().streams.end() || it->second->legacy || it->second->per_thread) return CUDA_ERROR_INVALID_HANDLE;
     auto s = it->second;
     s->ctx->streams.erase(s.get());
+    if (s->completed.load() < s->submitted) s->ctx->retired.push_back(s);
     drv().streams.erase(it);
     s->retire();  // queued work still completes (the worker drains, then exits)
     return CUDA_SUCCESS;

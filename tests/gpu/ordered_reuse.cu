@@ -4,8 +4,8 @@
 // earlier legacy work; legacy work waits for earlier work on blocking streams) to run every
 // new owner's work after the old owner's. The late kernels here write 0xAA after ~30 ms; the
 // new owners write 0x55 from another blocking stream or from another thread's per-thread
-// default stream; a non-blocking stream created afterwards writes 0x77. Any other byte at the
-// end means the order broke. Exits 1 on corruption, 2 if no block came back early (nothing
+// default stream; a non-blocking stream created afterwards writes 0x77 over the first freed
+// block to come back. Any other byte at the end means the order broke. Exits 1 on corruption, 2 if no block came back early (nothing
 // was tested).
 #include <cstdint>
 #include <set>
@@ -27,7 +27,6 @@ __global__ void count_not(const unsigned char* p, size_t n, unsigned char v, uns
 
 int main() {
   const size_t n = 16 << 20;  // four fill the 64 MiB free epoch
-  const size_t head = 4096;   // the non-blocking stream's part of the first reused block
   cudaStream_t old_owner, new_owner;
   CHECK_CUDA(cudaStreamCreate(&old_owner));
   CHECK_CUDA(cudaStreamCreate(&new_owner));
@@ -44,15 +43,20 @@ int main() {
       unsigned char* p;
       CHECK_CUDA(cudaMalloc(&p, n));
       late_write<<<64, 256, 0, old_owner>>>(p, n, 30ull * 1000 * 1000);
-      CHECK_CUDA(cudaFree(p));
       freed.insert(p);
     }
+    for (unsigned char* p : freed) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaEventRecord(late_done, old_owner));
     std::vector<unsigned char*> got;
+    unsigned char* kept = nullptr;  // the first freed block to come back: left for a non-blocking stream
     auto take = [&] {
       for (int i = 0; i < 8; ++i) {
         unsigned char* q;
         CHECK_CUDA(cudaMalloc(&q, n));
+        if (kept == nullptr && freed.count(q) != 0) {
+          kept = q;
+          continue;
+        }
         CHECK_CUDA(cudaMemsetAsync(q, 0x55, n, per_thread ? cudaStreamPerThread : new_owner));
         got.push_back(q);
       }
@@ -63,33 +67,23 @@ int main() {
     } else {
       take();
     }
-    unsigned char* first_reused = nullptr;
-    for (unsigned char* q : got) {
-      if (freed.count(q) != 0) {
-        ++reused;
-        if (first_reused == nullptr) first_reused = q;
-      }
-    }
-    const bool early = cudaEventQuery(late_done) == cudaErrorNotReady && first_reused != nullptr;
+    for (unsigned char* q : got) reused += freed.count(q);
+    reused += kept != nullptr;
+    const bool early = cudaEventQuery(late_done) == cudaErrorNotReady && kept != nullptr;
     early_rounds += early;
     cudaStream_t later = nullptr;
-    if (first_reused != nullptr) {
+    if (kept != nullptr) {  // a non-blocking stream made now must run behind the late kernels
       CHECK_CUDA(cudaStreamCreateWithFlags(&later, cudaStreamNonBlocking));
-      CHECK_CUDA(cudaMemsetAsync(first_reused, 0x77, head, later));
+      CHECK_CUDA(cudaMemsetAsync(kept, 0x77, n, later));
     }
     CHECK_CUDA(cudaDeviceSynchronize());
     *bad = 0;
-    for (unsigned char* q : got) {
-      if (q == first_reused) {
-        count_not<<<64, 256>>>(q, head, 0x77, bad);
-        count_not<<<64, 256>>>(q + head, n - head, 0x55, bad);
-      } else {
-        count_not<<<64, 256>>>(q, n, 0x55, bad);
-      }
-    }
+    for (unsigned char* q : got) count_not<<<64, 256>>>(q, n, 0x55, bad);
+    if (kept != nullptr) count_not<<<64, 256>>>(kept, n, 0x77, bad);
     CHECK_CUDA(cudaDeviceSynchronize());
     corrupted += *bad;
     for (unsigned char* q : got) CHECK_CUDA(cudaFree(q));
+    if (kept != nullptr) CHECK_CUDA(cudaFree(kept));
     if (later != nullptr) CHECK_CUDA(cudaStreamDestroy(later));
   }
   std::printf("ordered_reuse: rounds=%d early_rounds=%d reused_blocks=%llu corrupted_bytes=%llu\n", rounds,

@@ -311,6 +311,9 @@ TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and t
           "[race]") {
   Client& c = client::client();
   const size_t n = 16 << 20;
+  // Non-blocking streams destroyed earlier (here or by other tests) have run their last work:
+  // until then device fences wait for it, and cannot order reuse.
+  REQUIRE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
   CUstream old_owner = make_stream(c, 0);
   // Four blocks fill a 64 MiB epoch; each gets a write that runs 50 ms after the one before.
   std::set<CUdeviceptr> freed;
@@ -318,9 +321,9 @@ TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and t
     CUdeviceptr p = 0;
     REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
     REQUIRE(c.launch_write(old_owner, p, n, 0xAA, 50000) == CUDA_SUCCESS);
-    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
     freed.insert(p);
   }
+  for (CUdeviceptr p : freed) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   CUevent late_done = nullptr;
   REQUIRE(c.api.cuEventCreate(&late_done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
   REQUIRE(c.api.cuEventRecord(late_done, old_owner) == CUDA_SUCCESS);
@@ -330,12 +333,19 @@ TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and t
   INFO("new owners on " << (per_thread ? "another thread's per-thread default stream" : "another blocking stream"));
   CUstream new_owner = make_stream(c, 0);
   std::vector<CUdeviceptr> got;
+  CUdeviceptr kept = 0;  // the first freed block to come back: left for a non-blocking stream
+  bool written_again = false;  // a freed block came back to a new owner that writes it
   auto take = [&] {
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < 48 && !(kept != 0 && written_again); ++i) {
       CUdeviceptr q = 0;
       REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+      if (kept == 0 && freed.count(q) != 0) {
+        kept = q;
+        continue;
+      }
       REQUIRE(c.launch_write(per_thread ? CU_STREAM_PER_THREAD : new_owner, q, n, 0x55, 0) == CUDA_SUCCESS);
       got.push_back(q);
+      written_again = written_again || freed.count(q) != 0;
     }
   };
   if (per_thread) {
@@ -349,16 +359,16 @@ TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and t
   }
   // The late writes have not run yet, and freed blocks were handed out again.
   CHECK(c.api.cuEventQuery(late_done) == CUDA_ERROR_NOT_READY);
-  const auto again = std::find_if(got.begin(), got.end(), [&](CUdeviceptr q) { return freed.count(q) != 0; });
-  REQUIRE(again != got.end());
-  // A non-blocking stream made now also runs behind the late writes (and the new owner's).
+  REQUIRE(kept != 0);
+  CHECK(written_again);
+  // A non-blocking stream made now also runs behind the late writes.
   CUstream later = make_stream(c, CU_STREAM_NON_BLOCKING);
-  REQUIRE(c.launch_write(later, *again, 4096, 0x77, 0) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(later, kept, n, 0x77, 0) == CUDA_SUCCESS);
   REQUIRE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
-  CHECK(all_equal(read_back(c, *again, 4096), 0x77));
+  CHECK(all_equal(read_back(c, kept, n), 0x77));
+  REQUIRE(c.api.cuMemFree_v2(kept) == CUDA_SUCCESS);
   for (CUdeviceptr q : got) {
-    const size_t skip = q == *again ? 4096 : 0;
-    CHECK(all_equal(read_back(c, q + skip, n - skip), 0x55));
+    CHECK(all_equal(read_back(c, q, n), 0x55));
     REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
   }
   REQUIRE(c.api.cuEventDestroy_v2(late_done) == CUDA_SUCCESS);

@@ -1,12 +1,13 @@
 // cudaFree'd blocks handed out again before their last owner's work ran, in a program with no
 // non-blocking stream: cudalloc closes the free epoch with one event on the legacy stream and
 // relies on the legacy stream's rules (blocking and per-thread default streams wait for
-// earlier legacy work; legacy work waits for earlier work on blocking streams) to run every
-// new owner's work after the old owner's. The late kernels here write 0xAA after ~30 ms; the
-// new owners write 0x55 from another blocking stream or from another thread's per-thread
-// default stream; a non-blocking stream created afterwards writes 0x77 over the first freed
-// block to come back. Any other byte at the end means the order broke. Exits 1 on corruption, 2 if no block came back early (nothing
-// was tested).
+// earlier legacy work; legacy work waits for earlier work on them) to run every new owner's
+// work after the old owner's. The late kernels here write 0xAA after ~30 ms, from a blocking
+// stream or from another thread's per-thread default stream; the new owners write 0x55 from
+// another blocking stream or from another thread's per-thread default stream; a non-blocking
+// stream created afterwards writes 0x77 over the first freed block to come back. Any other byte
+// at the end means the order broke. Exits 1 on corruption, 2 if no block came back early
+// (nothing was tested).
 #include <cstdint>
 #include <set>
 #include <thread>
@@ -37,16 +38,28 @@ int main() {
   int rounds = 12, early_rounds = 0;
   unsigned long long reused = 0, corrupted = 0;
   for (int round = 0; round < rounds; ++round) {
-    const bool per_thread = round % 2 == 1;
+    // Rounds of three kinds: old and new owners on two blocking streams; new owners on another
+    // thread's per-thread default stream; old owners on another thread's per-thread default stream.
+    const bool per_thread = round % 3 == 1;
+    const bool old_per_thread = round % 3 == 2;
     std::set<unsigned char*> freed;
-    for (int i = 0; i < 4; ++i) {
-      unsigned char* p;
-      CHECK_CUDA(cudaMalloc(&p, n));
-      late_write<<<64, 256, 0, old_owner>>>(p, n, 30ull * 1000 * 1000);
-      freed.insert(p);
+    auto queue_late = [&] {
+      cudaStream_t s = old_per_thread ? cudaStreamPerThread : old_owner;
+      for (int i = 0; i < 4; ++i) {
+        unsigned char* p;
+        CHECK_CUDA(cudaMalloc(&p, n));
+        late_write<<<64, 256, 0, s>>>(p, n, 30ull * 1000 * 1000);
+        freed.insert(p);
+      }
+      CHECK_CUDA(cudaEventRecord(late_done, s));
+    };
+    if (old_per_thread) {
+      std::thread t(queue_late);
+      t.join();
+    } else {
+      queue_late();
     }
     for (unsigned char* p : freed) CHECK_CUDA(cudaFree(p));
-    CHECK_CUDA(cudaEventRecord(late_done, old_owner));
     std::vector<unsigned char*> got;
     unsigned char* kept = nullptr;  // the first freed block to come back: left for a non-blocking stream
     auto take = [&] {

@@ -130,10 +130,11 @@ def main():
         if not any(l.startswith("| gpt2 batch 32 | 100.00 ms |") for l in md):
             fails("the step table has no row for gpt2 batch 32")
         # A malformed --batch is refused before anything runs.
-        p = subprocess.run([sys.executable, BENCH, "--batch", "bert=4", "--report", src, "--markdown", out],
-                           capture_output=True, text=True, timeout=60)
-        if p.returncode != 2 or "--batch" not in p.stderr or "Traceback" in p.stderr:
-            fails(f"--batch bert=4: exit {p.returncode}, stderr {p.stderr!r}")
+        for bad in ("vgg=4", "bert=0", "bert"):
+            p = subprocess.run([sys.executable, BENCH, "--batch", bad, "--report", src, "--markdown", out],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 2 or "--batch" not in p.stderr or "Traceback" in p.stderr:
+                fails(f"--batch {bad}: exit {p.returncode}, stderr {p.stderr!r}")
 
         # Unreadable input (truncated, or JSON of another shape): one line on stderr, exit
         # status 2, no traceback.

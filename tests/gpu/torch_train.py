@@ -6,11 +6,11 @@ PyTorch's peak memory counters, as one JSON line.
 
 gpt2: GPT-2-sized transformer (12 x 768), AdamW, batch 4 x 256 tokens (varied: 128-320;
   --batch N: N x 256).
-mlp: 8 x 2048 linear layers, AdamW, batch 256 (varied: 128-320).
+mlp: 8 x 2048 linear layers, AdamW, batch 256 (varied: 128-320; --batch N: N).
 resnet50: torchvision ResNet-50, SGD with momentum, batch 32 at 224 x 224 (varied: batch and
   resolution change every step; --batch N: N at 224 x 224).
 bert: BERT-base (BertConfig() defaults) masked-LM inference in eval mode under no_grad, batch 8
-  x 256 tokens (varied: batch and sequence length change every step); its "losses" are a
+  x 256 tokens (varied: batch and sequence length change every step; --batch N: N x 256); its "losses" are a
   checksum of the logits per step, so the bit-for-bit comparison works the same way.
 Run it with and without cudalloc (and PYTORCH_NO_CUDA_MEMORY_CACHING=1): the losses must match.
 Inputs are drawn on the host before each step's timer starts; their copy to the device is timed.
@@ -62,7 +62,7 @@ def build(model_name):
 
 def host_inputs(model_name, step, varied, gen, vocab, batch=None):
     """The step's inputs on the host (drawn in the same order in every mode). batch: the fixed
-    shape's batch size instead of the default (gpt2 and resnet50)."""
+    shape's batch size instead of the default."""
     if model_name == "gpt2":
         seq = [128, 256, 192, 320][step % 4] if varied else 256
         return (torch.randint(0, vocab, (batch or 4, seq), generator=gen),)
@@ -73,9 +73,9 @@ def host_inputs(model_name, step, varied, gen, vocab, batch=None):
         # One-hot targets: the loss below needs no NLL kernel (deterministic by construction).
         return images, torch.nn.functional.one_hot(labels, 1000).float()
     if model_name == "bert":
-        batch, seq = BERT_SHAPES[step % 4] if varied else (8, 256)
+        batch, seq = BERT_SHAPES[step % 4] if varied else (batch or 8, 256)
         return (torch.randint(0, vocab, (batch, seq), generator=gen),)
-    batch = [128, 320, 256, 192][step % 4] if varied else 256
+    batch = [128, 320, 256, 192][step % 4] if varied else (batch or 256)
     return (torch.randn(batch, 2048, generator=gen),)
 
 
@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--model", default="gpt2", choices=MODELS)
     ap.add_argument("--varied", action="store_true", help="vary the input shapes per step")
-    ap.add_argument("--batch", type=int, help="gpt2 and resnet50: batch size of the fixed shape "
+    ap.add_argument("--batch", type=int, help="batch size of the fixed shape "
                     "(larger: steps bound by the GPU rather than by kernel launches)")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -96,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (t.ops.size() > 4000) return 0;  // keep each input fast
 
   const std::size_t total = 1 * kGiB;
-  const ReplayResult r = replay(t, AllocatorOptions{}, total, 0, false, /*gpu_lag=*/0);
+  const ReplayResult r = replay(t, AllocatorOptions{}, total, 0, false, DeviceModel{});
   if (r.free_failures != 0) violation("the allocator refused a free of a live allocation");
   if (r.allocated_at_end < 0 || r.reserved_at_end < r.allocated_at_end) violation("end totals inconsistent");
   if (r.peak_allocated > r.peak_reserved) violation("peak allocated above peak reserved");
@@ -104,13 +104,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (t.ops.size() <= 200) {
     AllocatorOptions expandable;
     expandable.expandable_segments = true;
-    const ReplayResult re = replay(t, expandable, total, 0, false, /*gpu_lag=*/0);
+    const ReplayResult re = replay(t, expandable, total, 0, false, DeviceModel{});
     if (re.free_failures != 0) violation("free refused (expandable)");
-    // The device behind the program: frees wait, nothing else may change.
-    const ReplayResult rl = replay(t, AllocatorOptions{}, total, 0, false, /*gpu_lag=*/1 + t.ops.size() % 50);
+    // The device behind the program: frees wait, nothing else may change. With blocking streams
+    // only, fences order reuse: the same replay as a device that keeps up.
+    const DeviceModel behind{.gpu_lag = 1 + t.ops.size() % 50};
+    const ReplayResult rl = replay(t, AllocatorOptions{}, total, 0, false, behind);
     if (rl.free_failures != 0) violation("free refused (device behind)");
     if (rl.peak_allocated > rl.peak_reserved) violation("peak allocated above peak reserved (device behind)");
-    const MinMemory m = min_memory(t, AllocatorOptions{}, total, total, 2 * kMiB, /*gpu_lag=*/0, r);
+    const ReplayResult rb =
+        replay(t, AllocatorOptions{}, total, 0, false, DeviceModel{.gpu_lag = behind.gpu_lag, .blocking_streams = true});
+    if (rb.free_failures != 0) violation("free refused (device behind, blocking streams)");
+    if (rb.peak_allocated > rb.peak_reserved) violation("peak allocated above peak reserved (blocking streams)");
+    const MinMemory m = min_memory(t, AllocatorOptions{}, total, total, 2 * kMiB, DeviceModel{}, r);
     if (m.bytes && r.completed && *m.bytes > total) violation("min memory above the device");
   }
   return 0;

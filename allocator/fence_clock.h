@@ -31,8 +31,7 @@ class FenceClock {
   }
 
   // Whether every batch up to `ticket` is past its fence (or behind one that orders reuse,
-  // backend.h). Records a device fence if none
-  // covering `ticket` exists yet. Non-blocking.
+  // backend.h). Records a device fence if none covering `ticket` exists yet. Non-blocking.
   bool passed(std::uint64_t ticket, SegmentBackend& backend) {
     if (passed_now(ticket)) return true;
     cover(ticket, backend);

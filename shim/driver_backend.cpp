@@ -169,7 +169,7 @@ void DriverBackend::mark_dead() {
   std::lock_guard lock(mutex_);
   dead_ = true;
   free_events_.clear();  // destroyed with the context
-  order_mark_ = nullptr;  // so is this
+  order_mark_.store(nullptr, std::memory_order_relaxed);  // so is this
   non_blocking_.clear();
   tails.swap(tails_);
   mapped_.clear();
@@ -206,7 +206,7 @@ void DriverBackend::add_stream(StreamInfo* s, bool helper) {
     non_blocking_.push_back(s);
     // Ordering fences end here (device_fence_now sees this stream); the blocks handed out under
     // the ones before must not be reached by its work before theirs ran.
-    if (!helper) mark = order_mark_;
+    if (!helper) mark = order_mark_.load(std::memory_order_relaxed);
   }
   if (mark != nullptr) wait_behind(s->handle, mark);
 }
@@ -217,7 +217,7 @@ void DriverBackend::unmark_helper(StreamInfo* s) {
     std::lock_guard lock(mutex_);
     if (dead_ || !s->helper.load(std::memory_order_relaxed)) return;
     s->helper.store(false, std::memory_order_relaxed);
-    mark = order_mark_;
+    mark = order_mark_.load(std::memory_order_relaxed);
   }
   log_debug("helper stream %p met in a memory call: device fences record on it from now on",
             static_cast<void*>(s->handle));
@@ -236,7 +236,7 @@ void DriverBackend::settle_reuse() {
   {
     std::lock_guard lock(mutex_);
     if (dead_) return;
-    mark = order_mark_;
+    mark = order_mark_.load(std::memory_order_relaxed);
   }
   if (mark == nullptr) return;
   CurrentContext current(ctx_);
@@ -301,7 +301,8 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   auto fence = std::make_unique<EventFence>(this);
   std::vector<CUstream> targets{CU_STREAM_LEGACY};
   std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
-  CUevent spare = take_event();  // the order mark, if there is none yet
+  // The order mark, if there is none yet (it is only set, under the lock, once per context).
+  CUevent spare = order_mark_.load(std::memory_order_relaxed) == nullptr ? take_event() : nullptr;
   {
     std::lock_guard lock(mutex_);
     bool independent = false;  // a non-blocking stream not ordered with the legacy one
@@ -317,10 +318,14 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     // either ends ordering before this fence or waits for this record. Helper streams' work is
     // joined into their callers' streams, which the legacy event covers.
     if (!independent && fence->tails.empty()) {
-      if (order_mark_ == nullptr) std::swap(order_mark_, spare);
-      if (order_mark_ != nullptr && driver().cuEventRecord(order_mark_, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
+      if (order_mark_.load(std::memory_order_relaxed) == nullptr && spare != nullptr) {
+        order_mark_.store(spare, std::memory_order_relaxed);
+        spare = nullptr;
+      }
+      CUevent mark = order_mark_.load(std::memory_order_relaxed);
+      if (mark != nullptr && driver().cuEventRecord(mark, CU_STREAM_LEGACY) == CUDA_SUCCESS) {
         fence->ordered = true;
-        fence->mark = order_mark_;
+        fence->mark = mark;
       }
     }
   }

@@ -14,6 +14,7 @@
 // wait for the legacy stream before its first work, so it too runs behind every such fence.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -84,8 +85,9 @@ class DriverBackend final : public SegmentBackend {
   CUevent ordered_era_end_ = nullptr;  // kept for the context's life; null: none, or waited for
   // Recorded on the legacy stream by every fence that orders reuse (see above), so that a
   // non-blocking stream met later can wait behind them all, even while a capture is on; null
-  // until the first one. Kept for the context's life.
-  CUevent order_mark_ = nullptr;
+  // until the first one. Kept for the context's life. Written under the lock; atomic so that a
+  // fence can tell without the lock whether it must bring an event for it.
+  std::atomic<CUevent> order_mark_{nullptr};
   std::vector<std::shared_ptr<Tail>> tails_;
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
   // Segments given back while a capture was on (cuMemFree would break a global capture).

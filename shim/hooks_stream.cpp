@@ -30,7 +30,7 @@ CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void
     s->backend.add_stream(si, lib != nullptr);
     if (non_blocking) {
       if (lib != nullptr) {
-        log_debug("stream %p is a helper stream of %s; single_stream stays on", static_cast<void*>(*stream), lib);
+        log_debug("stream %p is a helper stream of %s, ordered with its caller's stream", static_cast<void*>(*stream), lib);
       } else {
         ps->single_stream.stream_seen(ps->contexts, *s, si, "a non-blocking stream was created");
       }

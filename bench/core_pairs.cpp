@@ -1,7 +1,8 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
 //   core_pairs [--threads N] [--iters N] [--only CASE] [--trace PATH [--trace-monotonic]]: pairs
-//   at 64 KiB and 16 MiB, both free orders (--only: the case of that name, for profiling); with
+//   at 64 KiB and 16 MiB, both free orders, and private_loop, a baseline of thread-private work
+//   (--only: the case of that name, for profiling); with
 //   --trace the allocator reports to a TraceWriter writing PATH (what tracing costs), its
 //   records stamped with the TSC or, with --trace-monotonic, clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
@@ -19,6 +20,7 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
+#include "allocator/spin_lock.h"
 #include "trace/trace_writer.h"
 
 using namespace cudalloc;
@@ -36,6 +38,36 @@ static double run(DeviceAllocator& a, std::size_t size, FreeOrder order, StreamH
     a.free(p, order, stream);
   }
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
+}
+
+// What the host's cores give work that shares nothing: per iteration two lock/unlock pairs on a
+// thread-private lock and two updates at random in a 256 KiB private table (the blocks a thread
+// of cudaFree pairs cycles through take about that). Its
+// 8-thread/1-thread ratio is the ceiling for the allocator's own (on a virtual machine, vCPUs
+// that share physical cores or clock budgets keep it under 8).
+static double private_loop(int iters) {
+  SpinLock lock;
+  constexpr std::size_t kSlots = 32768;
+  std::vector<std::uint64_t> table(kSlots);
+  std::uint64_t x = 88172645463325252ull;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) {
+    {
+      std::lock_guard g(lock);
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      table[x & (kSlots - 1)] += x;
+    }
+    {
+      std::lock_guard g(lock);
+      table[(x >> 17) & (kSlots - 1)] -= 1;
+    }
+  }
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
+  static std::atomic<std::uint64_t> sink;
+  sink.fetch_add(table[x & (kSlots - 1)], std::memory_order_relaxed);  // keeps the loop
+  return ns;
 }
 
 // The same steps as bench/pairs.cu's mix (same seed and sizes), so the two can be compared.
@@ -103,19 +135,23 @@ int main(int argc, char** argv) {
     }
     a.set_observer(writer.get());
   }
-  struct Case { const char* name; std::size_t size; FreeOrder order; bool stream; };
+  struct Case { const char* name; std::size_t size; FreeOrder order; bool stream; bool baseline = false; };
   const Case cases[] = {
       {"cudaFree_64KiB", 64 << 10, FreeOrder::kDevice, false},
       {"cudaFreeAsync_64KiB", 64 << 10, FreeOrder::kStream, true},
       {"cudaFree_16MiB", 16 << 20, FreeOrder::kDevice, false},
       {"cudaFreeAsync_16MiB", 16 << 20, FreeOrder::kStream, true},
+      {"private_loop", 0, FreeOrder::kStream, false, true},
   };
   for (const Case& c : cases) {
     if (only != nullptr && std::strcmp(only, c.name) != 0) continue;
     std::vector<double> ns(threads);
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] { ns[t] = run(a, c.size, c.order, c.stream ? 0x100 + t : kNoStream, iters / threads); });
+      ts.emplace_back([&, t] {
+        ns[t] = c.baseline ? private_loop(iters / threads)
+                           : run(a, c.size, c.order, c.stream ? 0x100 + t : kNoStream, iters / threads);
+      });
     }
     for (auto& t : ts) t.join();
     const double worst = *std::max_element(ns.begin(), ns.end());

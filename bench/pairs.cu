@@ -3,8 +3,8 @@
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
-// log-uniform). With --threads, every thread runs the loop on its own non-blocking stream
-// and the line gives the total throughput in pairs per second.
+// log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
+// its own non-blocking stream and the line gives the total throughput in pairs per second.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
     return sum == 42 ? 1 : 0;  // keeps the loops
   }
   if (nthreads > 0) {
-    threads(nthreads, 64 * 1024, async, iters);
+    threads(nthreads, only_size != 0 ? only_size : 64 * 1024, async, iters);
   } else if (live > 0) {
     mix(live, async, iters);
   } else {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/bench --report on a results file made here: the driver-API table and its target rows
 follow from the figures in the file, a size with no driver figure gets no row, a model run at a
-fixed batch gets rows of its own, and a results file that cannot be read or a malformed --batch
+fixed batch gets rows of its own, the thread-scaling rows come with the host's ceiling, and a results file that cannot be read or a malformed --batch
 gives one line and a non-zero exit status."""
 import json
 import os
@@ -129,6 +129,25 @@ def main():
             fails(f"expandable row for the batch run missing: {want}")
         if not any(l.startswith("| gpt2 batch 32 | 100.00 ms |") for l in md):
             fails("the step table has no row for gpt2 batch 32")
+        # The thread-scaling rows, with the host's ceiling (core_pairs private_loop) beside them.
+        res = results()
+        res["micro"]["cudalloc async"]["threads"] = [
+            {"threads": 1.0, "size": 65536.0, "async": 1.0, "pairs_per_s": 10e6, "runs": 3.0},
+            {"threads": 8.0, "size": 65536.0, "async": 1.0, "pairs_per_s": 45e6, "runs": 3.0}]
+        res["micro"]["core"] = [
+            {"name": "private_loop", "threads": 1.0, "ns_per_pair": 7.0, "pairs_per_s": 140e6},
+            {"name": "private_loop", "threads": 8.0, "ns_per_pair": 11.0, "pairs_per_s": 700e6}]
+        with open(src, "w") as f:
+            json.dump(res, f)
+        p = report(src, out)
+        md = open(out).read().splitlines()
+        if p.returncode != 0:
+            fails(f"--report with thread rows: exit {p.returncode}: {p.stderr}")
+        for want in ("| 8 threads >= 5x the throughput of 1 (cudalloc async) | 4.5x | no |",
+                     "| (the host's ceiling: thread-private work, core_pairs private_loop, 8 threads vs 1) | 5.0x | - |"):
+            if want not in md:
+                fails(f"thread scaling row missing: {want}")
+
         # A malformed --batch is refused before anything runs.
         for bad in ("vgg=4", "bert=0", "bert"):
             p = subprocess.run([sys.executable, BENCH, "--batch", bad, "--report", src, "--markdown", out],

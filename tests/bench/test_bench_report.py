@@ -51,6 +51,16 @@ def report(path, out):
                           capture_output=True, text=True, timeout=60)
 
 
+def report_lines(res, src, out, what):
+    """Writes res to src, reports it to out and gives the report's lines; fails on an error exit."""
+    with open(src, "w") as f:
+        json.dump(res, f)
+    p = report(src, out)
+    if p.returncode != 0:
+        fails(f"--report {what}: exit {p.returncode}: {p.stderr}")
+    return open(out).read().splitlines()
+
+
 def fails(msg):
     print("FAIL:", msg)
     sys.exit(1)
@@ -111,12 +121,7 @@ def main():
                  "no caching + cudalloc expandable": 105.0, "cudaMallocAsync backend": 101.0}
         res = results()
         res["torch"] = {"gpt2 batch 32": {m: {"median_step_ms": v, "rounds": [v]} for m, v in steps.items()}}
-        with open(src, "w") as f:
-            json.dump(res, f)
-        p = report(src, out)
-        md = open(out).read().splitlines()
-        if p.returncode != 0:
-            fails(f"--report with a batch row: exit {p.returncode}: {p.stderr}")
+        md = report_lines(res, src, out, "with a batch row")
         want = ("| PyTorch without caching under cudalloc within 3% of PyTorch's allocator (gpt2 batch 32) "
                 "| +2.5% (102.50 vs 100.00 ms) | yes |")
         if want not in md:
@@ -137,12 +142,7 @@ def main():
         res["micro"]["core"] = [
             {"name": "private_loop", "threads": 1.0, "ns_per_pair": 7.0, "pairs_per_s": 140e6},
             {"name": "private_loop", "threads": 8.0, "ns_per_pair": 11.0, "pairs_per_s": 700e6}]
-        with open(src, "w") as f:
-            json.dump(res, f)
-        p = report(src, out)
-        md = open(out).read().splitlines()
-        if p.returncode != 0:
-            fails(f"--report with thread rows: exit {p.returncode}: {p.stderr}")
+        md = report_lines(res, src, out, "with thread rows")
         for want in ("| 8 threads >= 5x the throughput of 1 (cudalloc async) | 4.5x | no |",
                      "| (the host's ceiling: thread-private work, core_pairs private_loop, 8 threads vs 1) | 5.0x | - |"):
             if want not in md:

@@ -2,8 +2,8 @@
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
 //   core_pairs [--threads N] [--iters N] [--only CASE] [--trace PATH [--trace-monotonic]]: pairs
 //   at 64 KiB and 16 MiB, both free orders, and private_loop, a baseline of thread-private work
-//   (--only: the case of that name, for profiling); with
-//   --trace the allocator reports to a TraceWriter writing PATH (what tracing costs), its
+//   (--only: the case of that name, for profiling); with --trace the allocator reports to a
+//   TraceWriter writing PATH (what tracing costs), its
 //   records stamped with the TSC or, with --trace-monotonic, clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
@@ -41,10 +41,10 @@ static double run(DeviceAllocator& a, std::size_t size, FreeOrder order, StreamH
 }
 
 // What the host's cores give work that shares nothing: per iteration two lock/unlock pairs on a
-// thread-private lock and two updates at random in a 256 KiB private table (the blocks a thread
-// of cudaFree pairs cycles through take about that). Its
-// 8-thread/1-thread ratio is the ceiling for the allocator's own (on a virtual machine, vCPUs
-// that share physical cores or clock budgets keep it under 8).
+// thread-private lock and two updates at random in a 256 KiB private table (of the order of the
+// block records a thread of cudaFree pairs cycles through). Its 8-thread/1-thread ratio is the
+// ceiling for the allocator's own: on a virtual machine, vCPUs that share physical cores or a
+// clock budget keep it under 8.
 static double private_loop(int iters) {
   SpinLock lock;
   constexpr std::size_t kSlots = 32768;

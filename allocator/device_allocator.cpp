@@ -129,7 +129,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     if (b == nullptr && release_oversize(rounded)) b = obtain(stream, rounded, kind);
     if (b == nullptr) {
       ++stats.num_alloc_retries;
-      release_everything_idle();
+      release_idle();
       b = blocks.find(stream, rounded, kind);
       if (b == nullptr) b = obtain(stream, rounded, kind);
     }
@@ -220,9 +220,10 @@ bool DeviceAllocator::owns(DevicePtr ptr) const {
   return impl_->segments.containing(ptr) != nullptr;
 }
 
-std::size_t DeviceAllocator::release_cached() {
+std::size_t DeviceAllocator::release_cached(std::size_t keep) {
   std::lock_guard lock(impl_->mutex);
-  return impl_->release_everything_idle();
+  if (keep != 0 && impl_->reserved() <= keep) return 0;  // nothing to trim: no wait either
+  return impl_->release_idle(keep);
 }
 
 void DeviceAllocator::synchronize_pending() {

@@ -59,8 +59,10 @@ class DeviceAllocator {
   // True if `ptr` lies in memory this allocator holds from the device (live, free or pending).
   bool owns(DevicePtr ptr) const;
 
-  // Waits for pending frees and returns every idle segment to the device (empty_cache).
-  std::size_t release_cached();
+  // Waits for pending frees and gives idle memory back to the device, longest idle first, until
+  // at most `keep` bytes are reserved; 0 gives back everything idle (empty_cache). Returns
+  // the bytes given back.
+  std::size_t release_cached(std::size_t keep = 0);
   // Forgets every block and segment without touching the device (the context is gone).
   void forget_all();
   // Waits for every pending free to become reusable.

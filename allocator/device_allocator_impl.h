@@ -150,9 +150,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
   bool room_for(std::size_t bytes) const;
   void collect_garbage();
+  void give_back_idle(std::size_t target);
   bool release_oversize(std::size_t rounded);
   Block* adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
-  std::size_t release_everything_idle();
+  // Waits for pending frees, then gives back idle memory until at most `keep` is reserved.
+  std::size_t release_idle(std::size_t keep = 0);
   OomReport make_oom_report(std::size_t requested, std::size_t rounded, StreamHandle stream);
 };
 

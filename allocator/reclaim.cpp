@@ -43,6 +43,12 @@ void Impl::collect_garbage() {
   if (reserved() <= target) return;
   // Small blocks parked in thread caches keep their segments busy: hand them back first.
   drain_all(true);
+  give_back_idle(target);
+}
+
+// Idle plain segments, longest idle first, then the free chunks of expandable segments, until
+// no more than `target` is reserved. The caller has drained the thread caches.
+void Impl::give_back_idle(std::size_t target) {
   auto victims = idle_segments(segments, [](Segment*) { return true; });
   std::sort(victims.begin(), victims.end(),
             [](Segment* a, Segment* b) { return a->idle_since < b->idle_since; });
@@ -94,15 +100,12 @@ Block* Impl::adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKi
   return b;
 }
 
-std::size_t Impl::release_everything_idle() {
+std::size_t Impl::release_idle(std::size_t keep) {
+  const std::size_t before = reserved();
   drain_all(true);
   wait_pending();
-  std::size_t released = 0;
-  for (Segment* s : idle_segments(segments, [](Segment*) { return true; })) {
-    released += s->size;
-    free_segment(s);
-  }
-  released += expandable.unmap_all_free_chunks();
+  give_back_idle(keep);
+  const std::size_t released = before - reserved();
   notify(EventKind::kCacheRelease, 0, 0, released, released);
   return released;
 }

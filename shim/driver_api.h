@@ -77,7 +77,10 @@ namespace cudalloc::shim {
   X(cuMemUnmap, CUresult(CUdeviceptr, size_t))                                                 \
   X(cuMemSetAccess, CUresult(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))            \
   X(cuMemGetAllocationGranularity,                                                             \
-    CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))
+    CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))           \
+  X(cuMemPoolTrimTo, CUresult(CUmemoryPool, size_t))                                           \
+  X(cuDeviceGetDefaultMemPool, CUresult(CUmemoryPool*, CUdevice))                              \
+  X(cuDeviceGetMemPool, CUresult(CUmemoryPool*, CUdevice))
 
 struct DriverApi {
 #define CUDALLOC_FIELD(name, type) std::add_pointer_t<type> name = nullptr;

@@ -22,6 +22,7 @@
   X(cuPointerGetAttribute)            \
   X(cuPointerGetAttributes)           \
   X(cuIpcGetMemHandle)                \
+  X(cuMemPoolTrimTo)                  \
   X(cuStreamCreate)                   \
   X(cuStreamCreateWithPriority)       \
   X(cuGreenCtxStreamCreate)           \

@@ -263,3 +263,22 @@ CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr p
             static_cast<unsigned long long>(ptr), static_cast<std::size_t>(info->base - info->segment_base));
   return CUDA_ERROR_INVALID_VALUE;
 }
+
+// cudaMemPoolTrimTo on a device's default or current pool: cudalloc serves that pool's
+// allocations, so trimming it gives back cudalloc's idle memory on that device, down to
+// `keep` bytes per context. The driver's own pool (graph memory, passthrough) is trimmed too.
+CUDALLOC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  const CUresult r = d.cuMemPoolTrimTo(pool, keep);
+  if (ps == nullptr || r != CUDA_SUCCESS) return r;
+  for (ContextState* s : ps->contexts.live()) {
+    CUmemoryPool served = nullptr;
+    const bool default_pool = d.cuDeviceGetDefaultMemPool != nullptr &&
+                              d.cuDeviceGetDefaultMemPool(&served, s->device) == CUDA_SUCCESS && served == pool;
+    const bool current_pool = !default_pool && d.cuDeviceGetMemPool != nullptr &&
+                              d.cuDeviceGetMemPool(&served, s->device) == CUDA_SUCCESS && served == pool;
+    if (default_pool || current_pool) s->allocator.release_cached(keep);
+  }
+  return r;
+}

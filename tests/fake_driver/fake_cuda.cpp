@@ -2326,6 +2326,18 @@ FK_API CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice d
     return CUDA_SUCCESS;
 }
 
+// No cuDeviceSetMemPool here: a device's current pool is its default pool.
+FK_API CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+    return cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+// The fake's stream-ordered allocations hold nothing back: there is nothing to trim.
+FK_API CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
+    FK_ENTER();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 // --- cuGetProcAddress ----------------------------------------------------------------------------
 namespace {
 struct ProcRow {

@@ -1,7 +1,9 @@
 // Expandable segments on the real driver under a memory limit: run with
 // CUDALLOC_CONF=expandable_segments:true,memory_limit_mb:1024. Fills the limit, frees, then
 // asks for a block that only fits once free chunks are unmapped (trimming), checks contents,
-// then asks past the limit (out of memory) and keeps working.
+// then asks past the limit (out of memory) and keeps working. Last, with everything freed, the
+// program asks for a trim itself (cudaMemPoolTrimTo on the device's default pool): scripts/gpu-test
+// finds the cache_release record in the trace, after which at most 64 MiB stay reserved.
 #include <vector>
 #include "common.h"
 
@@ -36,6 +38,11 @@ int main() {
   check_pattern<<<256, 256>>>(keep, 64 * mib / 4, 5, bad);
   unsigned long long h = 0;
   CHECK_CUDA(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(after));
+  CHECK_CUDA(cudaFree(keep));
+  cudaMemPool_t pool;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  CHECK_CUDA(cudaMemPoolTrimTo(pool, 64 * mib));
   std::printf("expand_trim: bad=%llu past_limit=%s\n", h, past == cudaErrorMemoryAllocation ? "oom" : cudaGetErrorName(past));
   return h == 0 && past == cudaErrorMemoryAllocation ? 0 : 1;
 }

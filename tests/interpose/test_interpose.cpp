@@ -196,6 +196,41 @@ TEST_CASE("cuMemGetInfo counts idle cached bytes as free", "[semantics]") {
   CHECK(free_after >= total - s.bytes_in_use + (64 << 20));
 }
 
+TEST_CASE("cudaMemPoolTrimTo on the default pool gives cudalloc's idle memory back", "[trim]") {
+  Client& c = client::client();
+  using PFN_trim = CUresult (*)(CUmemoryPool, size_t);
+  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
+  auto trim = c.get<PFN_trim>("cuMemPoolTrimTo");
+  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
+  REQUIRE(trim != nullptr);
+  REQUIRE(default_pool != nullptr);
+  CHECK(is_cudalloc(reinterpret_cast<void*>(trim)));
+  CUmemoryPool pool = nullptr;
+  REQUIRE(default_pool(&pool, 0) == CUDA_SUCCESS);
+
+  // Whatever earlier cases left idle goes first, so that the blocks below get segments of their own.
+  REQUIRE(trim(pool, 0) == CUDA_SUCCESS);
+  constexpr size_t kLive = 80 << 20, kIdle = 96 << 20;
+  c.reset_stats();
+  CUdeviceptr live = 0, idle = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&live, kLive) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemsetD8_v2(live, 0x5a, kLive) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemAlloc_v2(&idle, kIdle) == CUDA_SUCCESS);
+  REQUIRE(c.snapshot().mem_alloc == 2);
+  REQUIRE(c.api.cuMemFree_v2(idle) == CUDA_SUCCESS);
+
+  // More than cudalloc holds is kept: nothing goes back.
+  REQUIRE(trim(pool, size_t{1} << 40) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_free == 0);
+  // Keep 0: the idle block's segment goes back to the driver, the live one stays with its bytes.
+  REQUIRE(trim(pool, 0) == CUDA_SUCCESS);
+  CHECK(c.snapshot().mem_free == 1);
+  CHECK(all_equal(read_back(c, live, kLive), 0x5a));
+  REQUIRE(c.api.cuMemFree_v2(live) == CUDA_SUCCESS);
+  // A pool that is not the device's: the driver's answer, nothing of cudalloc's trimmed.
+  CHECK(trim(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
+}
+
 TEST_CASE("a late write on a non-blocking stream never corrupts the next owner", "[race]") {
   Client& c = client::client();
   const size_t n = 1 << 20;

@@ -643,6 +643,40 @@ TEST_CASE("release_cached returns every idle segment and waits for pending frees
   CHECK(f.alloc.find(live).has_value());
 }
 
+TEST_CASE("release_cached(keep) gives back the longest-idle segments until at most keep is reserved") {
+  AllocatorOptions o;
+  o.thread_cache = false;  // idle order is the order of the frees, not of a cache drain
+  Fixture f(o);
+  const DevicePtr live = f.get(12 * kMiB);
+  const DevicePtr a = f.get(30 * kMiB);
+  const DevicePtr b = f.get(30 * kMiB);
+  const DevicePtr c = f.get(30 * kMiB);
+  // Each free at a later allocator tick (a locked allocation, here a small one, advances it).
+  f.alloc.free(a, FreeOrder::kCompleted);
+  f.get(64);
+  f.alloc.free(b, FreeOrder::kCompleted);
+  f.get(64);
+  f.alloc.free(c, FreeOrder::kCompleted);
+  REQUIRE(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>((12 + 90 + 2) * kMiB));
+  const std::size_t frees_before = f.sim.free_calls();
+
+  // Already at or under keep: nothing happens.
+  CHECK(f.alloc.release_cached(200 * kMiB) == 0);
+  CHECK(f.sim.free_calls() == frees_before);
+
+  // 104 MiB down to at most 60: a, then b go; c, idle last, stays.
+  const std::size_t released = f.alloc.release_cached(60 * kMiB);
+  CHECK(released == 60 * kMiB);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>((12 + 30 + 2) * kMiB));
+  CHECK_FALSE(f.alloc.owns(a));
+  CHECK_FALSE(f.alloc.owns(b));
+  CHECK(f.alloc.owns(c));
+  CHECK(f.alloc.find(live).has_value());
+  // keep 0: everything idle, as empty_cache.
+  CHECK(f.alloc.release_cached() == 30 * kMiB);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(14 * kMiB));
+}
+
 TEST_CASE("forget_all drops everything without touching the device") {
   Fixture f;
   DevicePtr a = f.get(4096);

@@ -1,12 +1,47 @@
 """`cudalloc-trace plot`: allocated and reserved bytes over time, NVTX phases shaded."""
 
+import os
+import warnings
+
 from ct_reader import TraceError, phase_of
 
 MAX_POINTS = 20000  # per series; longer traces keep the maximum of each time bucket
+MAX_DPI = 1000      # the figure is 12x5 inches; Agg refuses images past 2**16 pixels a side
 
 
 class MissingMatplotlib(Exception):
     pass
+
+
+def _check_output(path):
+    """Output problems are reported as export reports them, and before a long trace is read."""
+    if os.path.isdir(path):
+        raise TraceError("cannot write %s: Is a directory" % path)
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise TraceError("cannot write %s: %s" % (path, "Not a directory" if os.path.exists(parent)
+                                                  else "No such file or directory"))
+
+
+def _format_of(path):
+    """The image format savefig will use: the extension's, PNG when there is none (given to
+    savefig explicitly, so that `-o mem` writes `mem`, not `mem.png`)."""
+    ext = os.path.splitext(os.path.basename(path))[1][1:].lower()
+    if not ext:
+        return "png"
+    from matplotlib.backend_bases import FigureCanvasBase
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if ext not in supported:
+        raise TraceError("cannot write %s: unknown image format %r (known: %s)"
+                         % (path, ext, ", ".join(sorted(supported))))
+    return ext
+
+
+def _literal(text):
+    """Text from the trace (NVTX names, the command line, the path) shown as it is: matplotlib
+    reads $...$ as TeX (a bad formula was a ValueError) and hides legend labels starting with _."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
 
 
 def _import_pyplot():
@@ -72,10 +107,33 @@ def collect(trace, nvtx_depth=1):
 
 
 def run(trace, args, out):
-    plt = _import_pyplot()
+    # Bad output and bad input are reported as summary and export report them, whether or not
+    # matplotlib is there; a missing matplotlib is reported once both are known to be fine.
+    if not 1 <= args.dpi <= MAX_DPI:
+        raise TraceError("--dpi must be between 1 and %d, not %d" % (MAX_DPI, args.dpi))
+    _check_output(args.output)
+    try:
+        plt = _import_pyplot()
+    except MissingMatplotlib:
+        plt = None
+    fmt = _format_of(args.output) if plt is not None else None
     series, spans, ooms = collect(trace, args.nvtx_depth)
     if not series:
         raise TraceError("%s: no allocator events to plot" % trace.path)
+    if plt is None:
+        raise MissingMatplotlib()
+    with warnings.catch_warnings():
+        # A name in characters the font lacks (CJK, control bytes) is drawn as boxes; the
+        # warning for each glyph would bury the one line this command prints.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from")
+        try:
+            _draw(plt, trace, args, fmt, series, spans, ooms)
+        finally:
+            plt.close("all")
+    out.write("wrote %s\n" % args.output)
+
+
+def _draw(plt, trace, args, fmt, series, spans, ooms):
     peak = max(max(s[2]) if s[2] else 0 for s in series.values())
     unit, div = ("GiB", 1024.0 ** 3) if peak >= 1024 ** 3 else ("MiB", 1024.0 ** 2)
     fig, ax = plt.subplots(figsize=(12, 5))
@@ -97,17 +155,18 @@ def run(trace, args, out):
     handles, labels = ax.get_legend_handles_labels()
     for phase, c in colors.items():
         handles.append(Patch(color=c, alpha=0.3))
-        labels.append(phase)
+        labels.append(_literal(phase))
     ax.legend(handles, labels, loc="upper left", fontsize="small")
     ax.set_xlabel("time since cudalloc was loaded (s)")
     ax.set_ylabel(unit)
-    title = "device memory: %s" % trace.path
+    title = "device memory: %s" % _literal(trace.path)
     cmd = trace.header.get("cmdline")
     if cmd:
-        title += "\n" + (cmd if len(cmd) < 100 else cmd[:97] + "...")
+        title += "\n" + _literal(cmd if len(cmd) < 100 else cmd[:97] + "...")
     ax.set_title(title, fontsize="medium")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(args.output, dpi=args.dpi)
-    plt.close(fig)
-    out.write("wrote %s\n" % args.output)
+    try:
+        fig.savefig(args.output, dpi=args.dpi, format=fmt)
+    except OSError as e:
+        raise TraceError("cannot write %s: %s" % (args.output, e.strerror or e)) from None

@@ -3,7 +3,9 @@
 
 Targets (all in-process, so that an exception is seen as the exception it is; the CLIs turn any
 unexpected exception into "internal error", exit 2, which would hide a bug):
-  * scripts/cudalloc-trace main(): summary, summary --json, export torch-snapshot|chrome|rmm
+  * scripts/cudalloc-trace main(): summary, summary --json, plot (its input checks and
+    collection; without matplotlib it then exits 2 with its one-line message),
+    export torch-snapshot|chrome|rmm
   * scripts/replay_inputs.convert(): auto-detection and every input format (cudalloc trace,
     PyTorch snapshot pickle, RMM CSV, the op stream)
 and, every --cli-every cases, the real command lines as subprocesses (exit status 0 or 2, no
@@ -57,7 +59,9 @@ def load_cli():
 HOSTILE = [b"", b"-1", b"0", b"18446744073709551615", b"18446744073709551616", b"99999999999999999999999",
            b"0x", b"0xffffffffffffffffffff", b"nan", b"inf", b"-0", b"1e400", b"\xff\xfe", b"\x00",
            b"A" * 5000, b",,,,", b"\"", b"'", b"=", b"nvtx=" + b"/" * 300, b"stack=" + b"0x1;" * 200,
-           b"alloc", b"free", b"segment_alloc", b"oom", b"ok", b"-", b"#cudalloc-trace v1", b"#cudalloc-trace v999"]
+           b"alloc", b"free", b"segment_alloc", b"oom", b"ok", b"-", b"#cudalloc-trace v1", b"#cudalloc-trace v999",
+           # matplotlib reads $...$ in a label or title as TeX, and hides labels starting with _.
+           b"nvtx=$\\foo$", b"nvtx=_phase", b"cmdline=$\\frac{$"]
 
 
 def seeds():
@@ -178,9 +182,13 @@ def one_case(cli, rng, path, data, tmp):
             if "\n" in str(e):
                 raise Failure("InputError is not one line: %r" % str(e)[:300])
     # cudalloc-trace.
-    cmd = rng.choice([["summary"], ["summary", "--json"], ["export", "--format", "torch-snapshot"],
-                      ["export", "--format", "chrome"], ["export", "--format", "rmm"]])
-    argv = [cmd[0], path, "--no-symbols"] + cmd[1:]
+    cmd = rng.choice([["summary"], ["summary", "--json"], ["plot"],
+                      ["export", "--format", "torch-snapshot"], ["export", "--format", "chrome"],
+                      ["export", "--format", "rmm"]])
+    if cmd[0] == "plot":  # plot has no --no-symbols
+        argv = ["plot", path, "-o", os.path.join(tmp, "out.png")]
+    else:
+        argv = [cmd[0], path, "--no-symbols"] + cmd[1:]
     if cmd[0] == "export":
         argv += ["-o", os.path.join(tmp, "out")]
     run_cli(cli, argv)
@@ -189,7 +197,9 @@ def one_case(cli, rng, path, data, tmp):
 def run_subprocess_checks(path, tmp, replay_bin):
     cmds = [[sys.executable, os.path.join(SCRIPTS, "cudalloc-trace"), "summary", path, "--no-symbols"],
             [sys.executable, os.path.join(SCRIPTS, "cudalloc-trace"), "export", path, "--format", "rmm",
-             "-o", os.path.join(tmp, "sub.csv"), "--no-symbols"]]
+             "-o", os.path.join(tmp, "sub.csv"), "--no-symbols"],
+            [sys.executable, os.path.join(SCRIPTS, "cudalloc-trace"), "plot", path,
+             "-o", os.path.join(tmp, "sub.png")]]
     if replay_bin:
         cmds.append([sys.executable, os.path.join(SCRIPTS, "replay"), path, "--replay-bin", replay_bin,
                      "--quiet", "--total", "4GiB"])

@@ -18,10 +18,23 @@ SCRIPT = TRACE_SAMPLE = DATA = None
 TMP = None
 
 
-def run(*args):
+def run(*args, env=None):
     p = subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env=env)
     return p.returncode, p.stdout, p.stderr
+
+
+def without_matplotlib():
+    """An environment in which `import matplotlib` fails, as on a machine without it."""
+    fake = os.path.join(TMP, "no-matplotlib", "matplotlib")
+    os.makedirs(fake, exist_ok=True)
+    with open(os.path.join(fake, "__init__.py"), "w") as f:
+        f.write("raise ImportError('matplotlib is hidden by the test')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(fake)] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("CUDALLOC_TRACE_DEBUG", None)
+    return env
 
 
 def data(name):
@@ -53,20 +66,27 @@ class Sample:
 
 
 class BadInput(unittest.TestCase):
+    def check_one_line(self, cmd, words, env=None):
+        rc, out, err = run(*cmd, env=env)
+        self.assertEqual(rc, 2, (cmd, out, err))
+        self.assertNotIn("Traceback", err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, (cmd, err))
+        self.assertTrue(lines[0].startswith("cudalloc-trace: "), err)
+        for w in words:
+            self.assertIn(w, lines[0], cmd)
+
     def check_bad(self, path, *words):
-        for cmd in (["summary", path], ["export", path, "--format", "chrome", "-o",
-                                         os.path.join(TMP, "x.json")],
+        plot = ["plot", path, "-o", os.path.join(TMP, "x.png")]
+        for cmd in (["summary", path], plot,
+                    ["export", path, "--format", "chrome", "-o", os.path.join(TMP, "x.json")],
                     ["export", path, "--format", "torch-snapshot", "-o",
                      os.path.join(TMP, "x.pickle")],
                     ["export", path, "--format", "rmm", "-o", os.path.join(TMP, "x.rmm.csv")]):
-            rc, out, err = run(*cmd)
-            self.assertEqual(rc, 2, (cmd, out, err))
-            self.assertNotIn("Traceback", err)
-            lines = err.strip().splitlines()
-            self.assertEqual(len(lines), 1, err)
-            self.assertTrue(lines[0].startswith("cudalloc-trace: "), err)
-            for w in words:
-                self.assertIn(w, lines[0])
+            self.check_one_line(cmd, words)
+        # Without matplotlib, plot still names what is wrong with the input (it once said only
+        # that matplotlib was missing when the header was fine).
+        self.check_one_line(plot, words, env=without_matplotlib())
 
     def test_missing_file(self):
         self.check_bad(os.path.join(TMP, "nope.csv"), "cannot open", "No such file")
@@ -133,6 +153,33 @@ class BadInput(unittest.TestCase):
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertNotIn("Traceback", err)
 
+    def test_plot_unwritable_output(self):
+        small = data("small.csv")
+        a_file = os.path.join(TMP, "a_file")
+        open(a_file, "w").close()
+        # Checked before the trace is read and before matplotlib is needed.
+        checked_first = [
+            (os.path.join(TMP, "no", "such", "mem.png"), ["cannot write", "No such file"]),
+            (TMP, ["cannot write", "Is a directory"]),
+            (os.path.join(a_file, "mem.png"), ["cannot write", "Not a directory"]),
+        ]
+        for env in (None, without_matplotlib()):
+            for o, words in checked_first:
+                self.check_one_line(["plot", small, "-o", o], words, env=env)
+            self.check_one_line(["plot", small, "-o", os.path.join(TMP, "m.png"), "--dpi", "0"],
+                                ["--dpi must be between 1 and"], env=env)
+        if not have_matplotlib():
+            return
+        for o, words in [
+                (os.path.join(TMP, "mem.xyz"), ["cannot write", "unknown image format 'xyz'"]),
+                # savefig itself fails: nothing can be created in /proc, /dev/full is full.
+                ("/proc/cudalloc-trace-test.png", ["cannot write", "No such file"]),
+                ("/dev/full", ["cannot write", "No space left"])]:
+            self.check_one_line(["plot", small, "-o", o], words)
+        rc, out, err = run("plot", small, "-o", os.path.join(TMP, "m.png"), "--dpi", "6000")
+        self.assertEqual(rc, 2)
+        self.assertNotIn("internal error", err)  # once Agg's "image size too large" ValueError
+
 
 class Fixture(unittest.TestCase):
     """small.csv: hand-written, with a dropped record and a truncated last line."""
@@ -187,6 +234,57 @@ class Fixture(unittest.TestCase):
                            "-o", out_path)
         with open(out_path) as f:
             self.assertEqual(len(f.read().splitlines()), 3)
+
+
+class Plot(unittest.TestCase):
+    """plot on small.csv with names that matplotlib would otherwise interpret."""
+
+    def small_with(self, name, old, new):
+        with open(data("small.csv"), encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn(old, text)
+        p = os.path.join(TMP, name)
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(text.replace(old, new))
+        return p
+
+    def test_without_matplotlib(self):
+        rc, out, err = run("plot", data("small.csv"), "-o", os.path.join(TMP, "m.png"),
+                           env=without_matplotlib())
+        self.assertEqual(rc, 2)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("apt-get install python3-matplotlib", err)
+
+    def test_names_are_shown_as_written(self):
+        if not have_matplotlib():
+            self.skipTest("matplotlib is missing for %s" % sys.executable)
+        cases = [
+            # $...$ is TeX to matplotlib: a bad formula in an NVTX name or the command line was
+            # an "internal error" (a ValueError from its mathtext parser), exit 2, no plot.
+            self.small_with("tex_nvtx.csv", "nvtx=forward", "nvtx=$\\frac{$"),
+            self.small_with("tex_cmdline.csv", "python train.py", "$\\foo$ train.py"),
+            # A label starting with _ was left out of the legend, with a warning on stderr.
+            self.small_with("underscore.csv", "nvtx=forward", "nvtx=_forward"),
+            # Glyphs the font lacks: drawn as boxes, and no warning per glyph on stderr.
+            self.small_with("cjk.csv", "nvtx=forward", "nvtx=\u9806\u4f1d\u64ad\x01"),
+        ]
+        for p in cases:
+            out_path = p + ".png"
+            rc, out, err = run("plot", p, "-o", out_path)
+            self.assertEqual(rc, 0, (p, err))
+            self.assertEqual(err, "", p)
+            self.assertEqual(out, "wrote %s\n" % out_path)
+            with open(out_path, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_output_without_extension_is_png_at_that_path(self):
+        if not have_matplotlib():
+            self.skipTest("matplotlib is missing for %s" % sys.executable)
+        out_path = os.path.join(TMP, "memory")
+        rc, out, err = run("plot", data("small.csv"), "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        with open(out_path, "rb") as f:  # not memory.png, as savefig would name it
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
 
 class Recorded(unittest.TestCase):

@@ -103,10 +103,14 @@ std::int64_t TickConverter::anchor_now() noexcept {
 }
 
 std::int64_t TickConverter::to_ns(std::int64_t ticks) noexcept {
-  if (!tsc_) return ticks;
-  std::int64_t ns = last_.ns;
-  if (ns_per_tick_ > 0.0) {
-    ns += static_cast<std::int64_t>(static_cast<double>(ticks - last_.ticks) * ns_per_tick_);
+  // Monotonic ticks are ns already; they too are clamped, since a thread preempted between
+  // stamping and queueing hands in a stamp older than one already written.
+  std::int64_t ns = ticks;
+  if (tsc_) {
+    ns = last_.ns;
+    if (ns_per_tick_ > 0.0) {
+      ns += static_cast<std::int64_t>(static_cast<double>(ticks - last_.ticks) * ns_per_tick_);
+    }
   }
   if (ns < last_out_) ns = last_out_;
   last_out_ = ns;
@@ -115,7 +119,6 @@ std::int64_t TickConverter::to_ns(std::int64_t ticks) noexcept {
 
 std::int64_t TickConverter::now_ns() noexcept {
   std::int64_t ns = monotonic_ns() - g_origin_ns;
-  if (!tsc_) return ns;
   if (ns < last_out_) ns = last_out_;
   last_out_ = ns;
   return ns;

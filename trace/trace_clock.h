@@ -5,7 +5,7 @@
 // itself keeps time with the TSC, having checked that it is invariant and agrees across CPUs, a
 // tick is a TSC count: on the H100 host RDTSCP took 33 ns against 46 ns for clock_gettime
 // (bench_pairs --probe), and a traced pair stamps two records. Elsewhere, or with trace_clock:monotonic, a tick is a
-// nanosecond of CLOCK_MONOTONIC and the conversion is the identity.
+// nanosecond of CLOCK_MONOTONIC and the conversion is the identity (never going back, as below).
 #pragma once
 
 #include <cstdint>

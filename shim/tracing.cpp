@@ -7,6 +7,7 @@
 #include "shim/log.h"
 #include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
+#include "shim/streams.h"
 #include "trace/trace_writer.h"
 
 namespace cudalloc::shim {
@@ -29,6 +30,15 @@ void print_stats_at_exit() {
   for (ContextState* s : ps->contexts.live()) std::fputs(s->allocator.summary().c_str(), stderr);
 }
 
+// The stream as the program names it (docs/trace-format.md): 0x0 for the legacy default stream,
+// CU_STREAM_PER_THREAD for a per-thread default stream, else the handle it created. Stream
+// records are never freed, so the writer thread may read one after the stream is gone.
+std::uint64_t program_stream(StreamHandle key) noexcept {
+  const StreamInfo* s = info_of(key);
+  if (s == nullptr || s->kind == StreamInfo::Kind::kLegacy) return 0;  // 0: no stream (a cache release)
+  return reinterpret_cast<std::uint64_t>(s->handle);
+}
+
 }  // namespace
 
 void start_tracing_and_stats(const Config& config) {
@@ -37,6 +47,7 @@ void start_tracing_and_stats(const Config& config) {
     options.stack_depth = config.trace_stacks;
     options.nvtx = config.trace_nvtx;
     options.clock = config.trace_tsc ? TraceClockSource::kTsc : TraceClockSource::kMonotonic;
+    options.stream_label = program_stream;
     std::string error;
     std::unique_ptr<TraceWriter> w = TraceWriter::open(config.trace_path, options, &error);
     if (w == nullptr) {

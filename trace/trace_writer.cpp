@@ -490,12 +490,14 @@ void line_prefix(Out& o, std::int64_t ts, int pid, int tid, int device) noexcept
 
 // Formats one record as a line at `o`.
 void format_record(Out& o, std::int64_t ts_ns, int pid, std::size_t depth, const TraceRecord& r,
-                   const std::uintptr_t* pcs, const char* nvtx_text) noexcept {
+                   const std::uintptr_t* pcs, const char* nvtx_text, TraceOptions::StreamLabel label) noexcept {
   line_prefix(o, ts_ns, pid, r.tid, r.device);
-  o.str(to_string(static_cast<EventKind>(r.kind)));
+  const auto kind = static_cast<EventKind>(r.kind);
+  o.str(to_string(kind));
   o.ch(',');
+  const bool passthrough = kind == EventKind::kPassthroughAlloc || kind == EventKind::kPassthroughFree;
   if (r.stream == kNoStream) o.ch('-');
-  else o.hex(r.stream);
+  else o.hex(label != nullptr && !passthrough ? label(r.stream) : r.stream);
   o.ch(',');
   o.hex(r.ptr);
   o.ch(',');
@@ -596,7 +598,7 @@ std::size_t TraceWriter::drain_locked(bool final_pass) noexcept {
     room();
     Out o{im.buf.get() + im.buf_len};
     format_record(o, im.ticks.to_ns(best_ts), pid_, options_.stack_depth, lane->record(slot), lane->pcs(slot),
-                  lane->nvtx(slot));
+                  lane->nvtx(slot), options_.stream_label);
     im.buf_len = static_cast<std::size_t>(o.p - im.buf.get());
     // The producer reads the tail only when its lane looks full: hand space back in batches,
     // so that line does not move between the cores on every record.

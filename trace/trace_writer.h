@@ -34,6 +34,11 @@ struct TraceOptions {
   std::size_t ring_capacity = 16384;
   // trace_clock: what stamps records (trace/trace_clock.h). The file's ts_ns is the same either way.
   TraceClockSource clock = TraceClockSource::kTsc;
+  // How the stream column spells an allocator event's stream key, called on the writer thread
+  // (null: the key itself). The shim's keys are addresses of its stream records, and it writes
+  // the program's handle; passthrough records carry the program's handle already.
+  using StreamLabel = std::uint64_t (*)(StreamHandle key) noexcept;
+  StreamLabel stream_label = nullptr;
 };
 
 // Fills `out` (capacity bytes, not NUL-terminated) with the calling thread's current NVTX range

@@ -128,23 +128,11 @@ def calls_of(records):
 
 
 def same_calls(want, got):
-    """Per thread, the same (event, ptr) in the same order, and streams that correspond one to
-    one ('-' to '-'). Streams up to renaming: with caching on, the stream column holds
-    cudalloc's key for the stream (a StreamInfo address, not 0x0 for the legacy stream), not the
-    program's handle that docs/trace-format.md describes."""
+    """Per thread, the same (event, ptr, stream) in the same order: the stream column holds the
+    program's own handle ('-' for cuMemAlloc/cuMemFree), as docs/trace-format.md says."""
     if set(want) != set(got):
         return False
-    to_trace, to_prog = {}, {}
-    for tid, calls in want.items():
-        have = got[tid]
-        if len(have) != len(calls):
-            return False
-        for (we, wp, ws), (ge, gp, gs) in zip(calls, have):
-            if (we, wp) != (ge, gp) or (ws == '-') != (gs == '-'):
-                return False
-            if to_trace.setdefault(ws, gs) != gs or to_prog.setdefault(gs, ws) != ws:
-                return False
-    return True
+    return all(got[tid] == calls for tid, calls in want.items())
 
 
 def balance(records):

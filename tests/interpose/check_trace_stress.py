@@ -96,13 +96,18 @@ def parse_record(line):
     return r
 
 
-def run(argv, trace, conf=None, timeout=60):
+def trace_env(trace, conf=None):
+    """The environment of a traced client: CUDALLOC_TRACE, and CUDALLOC_CONF only if given."""
     env = dict(os.environ, CUDALLOC_TRACE=trace)
     env.pop('CUDALLOC_CONF', None)
     if conf:
         env['CUDALLOC_CONF'] = conf
+    return env
+
+
+def run(argv, trace, conf=None, timeout=60):
     t0 = time.time()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(argv, env=trace_env(trace, conf), capture_output=True, text=True, timeout=timeout)
     print('$', ' '.join(argv[1:]), 'rc', p.returncode, '%.1f s' % (time.time() - t0))
     if p.stderr.strip():
         print(p.stderr.strip()[-2000:])
@@ -180,21 +185,19 @@ def report(checks, *more):
     return 0 if all(checks.values()) else 1
 
 
-def summary(scripts, path):
+def summary_text(scripts, path, *extra):
+    """`cudalloc-trace summary PATH EXTRA...`, the completed process."""
     p = subprocess.run([sys.executable, os.path.join(scripts, 'cudalloc-trace'), 'summary', path,
-                        '--json'], capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        print('summary of %s: rc %d %s' % (path, p.returncode, p.stderr.strip()))
-        return None
-    return json.loads(p.stdout)
-
-
-def summary_text(scripts, path):
-    p = subprocess.run([sys.executable, os.path.join(scripts, 'cudalloc-trace'), 'summary', path],
-                       capture_output=True, text=True, timeout=60)
+                        *extra], capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         print('summary of %s: rc %d %s' % (path, p.returncode, p.stderr.strip()))
     return p
+
+
+def summary(scripts, path):
+    """The --json summary as a dict; None if the command failed."""
+    p = summary_text(scripts, path, '--json')
+    return json.loads(p.stdout) if p.returncode == 0 else None
 
 
 def replay(scripts, replay_bin, path):
@@ -214,12 +217,12 @@ def threads(exe, scripts, replay_bin):
         t = Trace(path)
         got = calls_of(t.kept)
         pid = int(t.header.get('pid', -1))
-        differ = [tid for tid in want if not same_calls({tid: want[tid]}, {tid: got.get(tid, [])})]
+        differ = [tid for tid in want if got.get(tid, []) != want[tid]]
         problem = balance(t.kept)
         checks = {
             'every line parses': not t.errors,
             '8 threads of calls': len(want) == 8 and all(len(v) == 2 * 6000 for v in want.values()),
-            'each thread its calls, in order': not differ and same_calls(want, got),
+            'each thread its calls, in order': same_calls(want, got),
             'one pid': p.returncode == 0 and all(r['pid'] == pid for r in t.records),
             'ts_ns in order per thread': in_order(t.kept),
             'ts_ns in file order (tsc)': file_order(t),
@@ -266,9 +269,7 @@ def overflow(exe, scripts, replay_bin):
 def processes(exe, scripts, replay_bin, n=4):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, 'run.trace')
-        env = dict(os.environ, CUDALLOC_TRACE=path)
-        env.pop('CUDALLOC_CONF', None)
-        procs = [subprocess.Popen([exe, 'hold', '2000'], env=env, stdin=subprocess.PIPE,
+        procs = [subprocess.Popen([exe, 'hold', '2000'], env=trace_env(path), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(n)]
         # All hold their trace open before any goes on to finish.
@@ -314,9 +315,7 @@ def processes(exe, scripts, replay_bin, n=4):
 def killed(exe, scripts, replay_bin):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, 'run.trace')
-        env = dict(os.environ, CUDALLOC_TRACE=path)
-        env.pop('CUDALLOC_CONF', None)
-        pr = subprocess.Popen([exe, 'loop', '5000'], env=env, stdout=subprocess.PIPE,
+        pr = subprocess.Popen([exe, 'loop', '5000'], env=trace_env(path), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
         ready = pr.stdout.readline().split()
         # Kill once the writer has written the first pairs, while it still records more.

@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
   auto& c = client::client();
   CUstream s = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  if (only_size != 0 && only_size != (64u << 10) && only_size != (16u << 20)) {
+    pairs("cuMemFree", only_size, nullptr, false, iters);
+    pairs("cuMemFreeAsync", only_size, s, true, iters);
+    return 0;
+  }
   pairs("cuMemFree", 64 << 10, nullptr, false, iters);
   pairs("cuMemFreeAsync", 64 << 10, s, true, iters);
   pairs("cuMemFree", 16 << 20, nullptr, false, iters / 4);

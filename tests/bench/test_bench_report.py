@@ -2,7 +2,8 @@
 """scripts/bench --report on a results file made here: the driver-API table and its target rows
 follow from the figures in the file, a size with no driver figure gets no row, a model run at a
 fixed batch gets rows of its own, a model whose rounds spread past the noise bound is shown but not
-judged, the thread-scaling rows come with the host's ceiling, and a results file that cannot be read or a malformed --batch
+judged, the thread-scaling rows come with the host's ceiling, the floor's rows give cudalloc's share and
+the bound on the 10x target, and a results file that cannot be read or a malformed --batch
 gives one line and a non-zero exit status."""
 import json
 import os
@@ -164,6 +165,20 @@ def main():
                      "| (the host's ceiling: thread-private work, core_pairs private_loop, 8 threads vs 1) | 5.0x | - |"):
             if want not in md:
                 fails(f"thread scaling row missing: {want}")
+
+        # The floor (bench/floor_interposer.cpp): its table gives cudalloc's share of each pair,
+        # and the bound row the warm pool over the floor's async pair, for the sizes it measured.
+        res = results()
+        res["micro"]["floor"] = {"floor": {"pairs": [pair(65536, 100.0, 0)]},
+                                 "floor async": {"pairs": [pair(65536, 70.0, 1)]}}
+        md = report_lines(res, src, out, "with floor rows")
+        for want in ("| 65536 B | 100 ns / 200 ns | 160 ns / 320 ns | 60 ns | 70 ns / 140 ns | 110 ns / 220 ns | 40 ns |",
+                     "| (the most any interposer could reach, 65536 B: the warm pool over the floor's async pair, "
+                     "bench/floor_interposer.cpp) | 10.0x (70 ns) | - |"):
+            if want not in md:
+                fails(f"floor row missing: {want}")
+        if any("the most any interposer could reach, 512 B" in l for l in md):
+            fails("a bound row for a size the floor did not measure")
 
         # A malformed --batch is refused before anything runs.
         for bad in ("vgg=4", "bert=0", "bert"):

@@ -212,7 +212,7 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
   return AllocationInfo{b->ptr, b->size, b->requested, b->stream, s->base, s->size};
 }
 
-bool DeviceAllocator::owns(DevicePtr ptr) const {
+CUDALLOC_HOT bool DeviceAllocator::owns(DevicePtr ptr) const {
   // The common case, a live block's start freed on the thread that allocated it, needs no
   // device lock: frees ask this first.
   if (impl_->live_here(ptr)) return true;

@@ -49,14 +49,14 @@ thread_local LocalCaches t_local;
 
 }  // namespace
 
-ThreadCache* Impl::find_local_cache() {
+CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
   for (LocalEntry& e : t_local.entries) {
     if (e.id == id) return e.cache.get();
   }
   return nullptr;
 }
 
-ThreadCache& Impl::local_cache() {
+CUDALLOC_HOT ThreadCache& Impl::local_cache() {
   if (ThreadCache* found = find_local_cache()) return *found;
   LocalCaches& local = t_local;
   std::erase_if(local.entries, [](const LocalEntry& e) { return e.owner.expired(); });
@@ -82,7 +82,7 @@ void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
 
 // The shared map, then, under the lock, every thread's table: a block freed by a thread other
 // than the one that took it from its cache. (free() looks in the caller's own table first.)
-Block* Impl::take_live_elsewhere(DevicePtr ptr) {
+CUDALLOC_HOT Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   if (Block* b = live.take(ptr)) return b;
   if (!regions.may_hold(ptr)) return nullptr;  // not ours: no need for the device lock
   std::lock_guard lock(mutex);
@@ -91,7 +91,7 @@ Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   return live.take(ptr);
 }
 
-bool Impl::live_here(DevicePtr ptr) {
+CUDALLOC_HOT bool Impl::live_here(DevicePtr ptr) {
   if (ThreadCache* own = find_local_cache()) {
     std::lock_guard lock(own->lock);
     if (own->live.get(ptr) != nullptr) return true;
@@ -149,7 +149,7 @@ void Impl::drain(ThreadCache& cache, bool bins) {
 // waits for the next refill, which needs no fence query and visits only what it moves. Blocks
 // with no room in their bins are spilled to the allocator. Called by the owner with the cache
 // locked, when its bins miss.
-bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded) {
+CUDALLOC_HOT bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded) {
   auto& batches = cache.batches();
   if (batches.empty()) return false;
   ThreadCache::Batch& batch = batches.front();
@@ -186,7 +186,7 @@ void Impl::drain_own_large() {
   own->drain_large_bins([this](Block* b) { blocks.make_reusable(b); });
 }
 
-Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
   if (m.options.thread_cache && bytes != 0 && bytes <= ThreadCache::kLargeBytes) {
     // Hot path: an exact-size block from this thread's cache.
@@ -223,7 +223,7 @@ Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DeviceP
   return m.allocate(bytes, stream, out, async);
 }
 
-Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
   // The calling thread's own table first, keeping its lock: a block allocated and freed on one
   // thread goes back to that thread's cache under a single lock, touching no line another

@@ -4,6 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 
+// A function on the path of a cached allocate or free. GCC puts such functions in .text.hot,
+// which the linker lays out together: the path then spans a few cache lines and pages of code
+// instead of being scattered over the library.
+#define CUDALLOC_HOT __attribute__((hot))
+
 namespace cudalloc {
 
 using DevicePtr = std::uintptr_t;

@@ -12,21 +12,21 @@ namespace cudalloc::shim {
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures)
     : ctx(c), device(dev), backend(c, dev, captures), allocator(backend, options, static_cast<int>(dev)) {}
 
-ContextState* ContextRegistry::find(CUcontext ctx) const {
+CUDALLOC_HOT ContextState* ContextRegistry::find(CUcontext ctx) const {
   for (ContextState* s : live()) {
     if (s->ctx == ctx) return s;
   }
   return nullptr;
 }
 
-ContextState* ContextRegistry::current() {
+CUDALLOC_HOT ContextState* ContextRegistry::current() {
   CUcontext ctx = nullptr;
   if (driver().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
   if (ContextState* s = find(ctx)) return s;
   return get(ctx);
 }
 
-ContextState* ContextRegistry::get(CUcontext ctx) {
+CUDALLOC_HOT ContextState* ContextRegistry::get(CUcontext ctx) {
   if (ctx == nullptr) return nullptr;
   if (ContextState* s = find(ctx)) return s;
   ContextState* state = nullptr;
@@ -54,7 +54,7 @@ ContextState* ContextRegistry::get(CUcontext ctx) {
   return state;
 }
 
-ContextState* ContextRegistry::owner(CUdeviceptr p) const {
+CUDALLOC_HOT ContextState* ContextRegistry::owner(CUdeviceptr p) const {
   for (ContextState* s : live()) {
     if (s->allocator.owns(static_cast<DevicePtr>(p))) return s;
   }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "allocator/types.h"
 #include "shim/real_dlsym.h"
 
 namespace cudalloc::shim {
@@ -30,14 +31,14 @@ const DriverApi* resolve(void* handle) {
 
 }  // namespace
 
-const DriverApi* driver_if_loaded() {
+CUDALLOC_HOT const DriverApi* driver_if_loaded() {
   if (const DriverApi* api = g_api.load(std::memory_order_acquire)) return api;
   void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (handle == nullptr) return nullptr;
   return resolve(handle);  // the NOLOAD reference is kept: libcuda is never unloaded
 }
 
-const DriverApi& driver() {
+CUDALLOC_HOT const DriverApi& driver() {
   if (const DriverApi* api = driver_if_loaded()) return *api;
   void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (handle == nullptr) return g_empty;

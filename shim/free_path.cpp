@@ -6,7 +6,7 @@
 
 namespace cudalloc::shim {
 
-CUresult to_cuda(Status s) {
+CUDALLOC_HOT CUresult to_cuda(Status s) {
   switch (s) {
     case Status::kOk: return CUDA_SUCCESS;
     case Status::kInvalidValue: return CUDA_ERROR_INVALID_VALUE;
@@ -28,7 +28,7 @@ CUresult bad_free(CUdeviceptr ptr, bool async) {
 
 namespace {
 // The order a free gives its block, outside captures and free_sync.
-Status free_ordered(ProcessState& ps, ContextState& owner, DevicePtr p, bool async, StreamInfo* stream) {
+CUDALLOC_HOT Status free_ordered(ProcessState& ps, ContextState& owner, DevicePtr p, bool async, StreamInfo* stream) {
   if (async) return owner.allocator.free(p, FreeOrder::kStream, key_of(stream), true);
   if (ps.single_stream.active()) {
     // Ordered on the legacy stream, where all the program's work runs (single_stream.h).
@@ -67,7 +67,7 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
   return to_cuda(st);
 }
 
-bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result) {
+CUDALLOC_HOT bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result) {
   if (ps.captures.any()) return false;
   const auto p = static_cast<DevicePtr>(ptr);
   for (ContextState* s : ps.contexts.live()) {

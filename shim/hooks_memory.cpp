@@ -24,7 +24,7 @@ CUresult out_of_memory(ContextState& s, std::size_t bytes) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
+CUDALLOC_HOT CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
   DevicePtr p = 0;
   const Status st = s.allocator.allocate(bytes, stream, &p, async);
   if (st == Status::kOk) {
@@ -35,7 +35,7 @@ CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamH
   return to_cuda(st);
 }
 
-CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
+CUDALLOC_HOT CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
   profile::Scope timed(profile::Site::kMemAlloc);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -55,7 +55,7 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
 // A stream other than the legacy one ends single_stream; one met for the first time (made
 // by a path cudalloc does not wrap) learns what the backend and single_stream need of it. A
 // library's helper stream in a memory call is used beyond the fork and join that order it.
-void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
+CUDALLOC_HOT void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
   if (learnt) s.backend.add_stream(si);
   if (si->helper.load(std::memory_order_relaxed)) s.backend.unmark_helper(si);
   if (si->kind != StreamInfo::Kind::kLegacy && (learnt || ps.single_stream.active())) {
@@ -63,7 +63,7 @@ void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt)
   }
 }
 
-CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
+CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
   profile::Scope timed(profile::Site::kMemAllocAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -84,7 +84,7 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, 
   return allocate(*s, dptr, bytes, key_of(si), true);
 }
 
-CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
+CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   profile::Scope timed(profile::Site::kMemFreeAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -114,9 +114,9 @@ CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
 
 }  // namespace
 
-CUDALLOC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
 
-CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFree_v2(CUdeviceptr ptr) {
   profile::Scope timed(profile::Site::kMemFree);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -134,14 +134,14 @@ CUDALLOC_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
   return free_owned(*ps, *owner, ptr, false, nullptr, sync);
 }
 
-CUDALLOC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   return mem_alloc_async(dptr, bytes, stream, false);
 }
-CUDALLOC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   return mem_alloc_async(dptr, bytes, stream, true);
 }
-CUDALLOC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { return mem_free_async(ptr, stream, false); }
-CUDALLOC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) {
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { return mem_free_async(ptr, stream, false); }
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) {
   return mem_free_async(ptr, stream, true);
 }
 

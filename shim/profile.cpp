@@ -1,5 +1,7 @@
 #include "shim/profile.h"
 
+#include "allocator/types.h"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -43,7 +45,7 @@ bool read_enabled() {
 
 }  // namespace
 
-bool enabled() {
+CUDALLOC_HOT bool enabled() {
   static const bool on = read_enabled();
   return on;
 }

@@ -79,7 +79,7 @@ const Runtime& runtime() {
   return rt != nullptr ? *rt : *init();
 }
 
-ProcessState* caching_state() {
+CUDALLOC_HOT ProcessState* caching_state() {
   if (g_runtime.load(std::memory_order_acquire) == nullptr) init();
   return g_state.load(std::memory_order_acquire);
 }

@@ -34,7 +34,7 @@ StreamInfo* StreamRegistry::per_thread() {
   return t_per_thread;
 }
 
-StreamInfo* StreamRegistry::resolve(CUstream s, bool ptsz, bool* learnt) {
+CUDALLOC_HOT StreamInfo* StreamRegistry::resolve(CUstream s, bool ptsz, bool* learnt) {
   if (learnt) *learnt = false;
   if (s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr)) return per_thread();
   if (s == nullptr || s == CU_STREAM_LEGACY) return legacy();

@@ -12,23 +12,13 @@ namespace cudalloc::shim {
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures)
     : ctx(c), device(dev), backend(c, dev, captures), allocator(backend, options, static_cast<int>(dev)) {}
 
-CUDALLOC_HOT ContextState* ContextRegistry::find(CUcontext ctx) const {
-  for (ContextState* s : live()) {
-    if (s->ctx == ctx) return s;
-  }
-  return nullptr;
-}
-
 CUDALLOC_HOT ContextState* ContextRegistry::current() {
   CUcontext ctx = nullptr;
   if (driver().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
-  if (ContextState* s = find(ctx)) return s;
   return get(ctx);
 }
 
-CUDALLOC_HOT ContextState* ContextRegistry::get(CUcontext ctx) {
-  if (ctx == nullptr) return nullptr;
-  if (ContextState* s = find(ctx)) return s;
+ContextState* ContextRegistry::make(CUcontext ctx) {
   ContextState* state = nullptr;
   bool several = false;
   {

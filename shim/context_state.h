@@ -30,8 +30,16 @@ class ContextRegistry {
   // The state of the calling thread's current context; null when there is none.
   ContextState* current();
   // The state of `ctx`, made if needed (the context need not be current).
-  ContextState* get(CUcontext ctx);
-  ContextState* find(CUcontext ctx) const;
+  ContextState* get(CUcontext ctx) {
+    if (ContextState* s = find(ctx)) return s;
+    return ctx == nullptr ? nullptr : make(ctx);
+  }
+  ContextState* find(CUcontext ctx) const {
+    for (ContextState* s : live()) {
+      if (s->ctx == ctx) return s;
+    }
+    return nullptr;
+  }
   // The state whose allocator holds `p` (live, free or pending); null if none.
   ContextState* owner(CUdeviceptr p) const;
   // The live states (a snapshot: safe to use while others change the registry).
@@ -41,6 +49,8 @@ class ContextRegistry {
   void drop(CUcontext ctx);
 
  private:
+  ContextState* make(CUcontext ctx);  // get() of a context met for the first time
+
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use

@@ -34,26 +34,12 @@ StreamInfo* StreamRegistry::per_thread() {
   return t_per_thread;
 }
 
-CUDALLOC_HOT StreamInfo* StreamRegistry::resolve(CUstream s, bool ptsz, bool* learnt) {
-  if (learnt) *learnt = false;
-  if (s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr)) return per_thread();
-  if (s == nullptr || s == CU_STREAM_LEGACY) return legacy();
-  // Threads mostly use one stream at a time: remember the last answer, so the hot path does not
-  // take the registry's lock. StreamInfo objects are never freed; a destroyed or replaced
-  // stream's info is marked dead, which sends the next call to the registry.
-  thread_local const StreamRegistry* last_registry = nullptr;
-  thread_local CUstream last_handle = nullptr;
-  thread_local StreamInfo* last_info = nullptr;
-  if (last_registry == this && last_handle == s && last_info->alive.load(std::memory_order_acquire)) {
-    return last_info;
-  }
+StreamInfo* StreamRegistry::resolve_slow(CUstream s, bool* learnt) {
   {
     std::lock_guard lock(mutex_);
     auto it = streams_.find(s);
     if (it != streams_.end()) {
-      last_registry = this;
-      last_handle = s;
-      last_info = it->second;
+      t_last_stream = LastStream{this, s, it->second};
       return it->second;
     }
   }

@@ -34,6 +34,17 @@ inline StreamInfo* info_of(StreamHandle key) { return reinterpret_cast<StreamInf
 // when that cannot be done here (another thread's per-thread default stream).
 bool driver_handle(const StreamInfo* s, CUstream* out);
 
+class StreamRegistry;
+
+// The calling thread's last answer of StreamRegistry::resolve: threads mostly use one stream at
+// a time. Constant-initialized and trivially destructible, so reading it costs no TLS wrapper.
+struct LastStream {
+  const StreamRegistry* registry = nullptr;
+  CUstream handle = nullptr;
+  StreamInfo* info = nullptr;
+};
+inline thread_local LastStream t_last_stream __attribute__((tls_model("initial-exec")));
+
 class StreamRegistry {
  public:
   StreamInfo* legacy() { return &legacy_; }
@@ -42,13 +53,29 @@ class StreamRegistry {
   // The stream an API call names. `ptsz`: the call was a _ptsz variant, where 0 means the
   // per-thread default stream. Unknown streams are learnt (cuStreamGetFlags/GetCtx);
   // `learnt` is set when that happened, so the caller can tell the backend.
-  StreamInfo* resolve(CUstream s, bool ptsz, bool* learnt = nullptr);
+  // Inline up to the last answer, so that the hot path pays no call and no register saves
+  // for what the slow path needs.
+  StreamInfo* resolve(CUstream s, bool ptsz, bool* learnt = nullptr) {
+    if (learnt) *learnt = false;
+    if (s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr)) return per_thread();
+    if (s == nullptr || s == CU_STREAM_LEGACY) return legacy();
+    // StreamInfo objects are never freed; a destroyed or replaced stream's info is marked dead,
+    // which sends the next call to the registry.
+    const LastStream& last = t_last_stream;
+    if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {
+      return last.info;
+    }
+    return resolve_slow(s, learnt);
+  }
   // A stream the process just created in `ctx`.
   StreamInfo* created(CUstream s, CUcontext ctx, unsigned flags);
   // A stream about to be destroyed; null if unknown. Its info stays valid (alive = false).
   StreamInfo* destroyed(CUstream s);
 
  private:
+  // A created stream that is not the thread's last one: the registry, then the driver.
+  StreamInfo* resolve_slow(CUstream s, bool* learnt);
+
   StreamInfo legacy_{StreamInfo::Kind::kLegacy, CU_STREAM_LEGACY, nullptr, false, {true}};
   std::mutex mutex_;
   std::unordered_map<CUstream, StreamInfo*> streams_;

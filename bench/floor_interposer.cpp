@@ -14,20 +14,14 @@
 #include <cstring>
 #include <mutex>
 
+#include "shim/real_dlsym.h"
+
 #define FLOOR_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 
-using DlsymFn = void* (*)(void*, const char*);
-
-DlsymFn real_dlsym() {
-  static const DlsymFn f = [] {
-    void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    return reinterpret_cast<DlsymFn>(p);
-  }();
-  return f;
-}
+using cudalloc::shim::DlsymFn;
+using cudalloc::shim::real_dlsym;  // the C library's dlsym, found as libcudalloc finds it
 
 using AllocFn = CUresult (*)(CUdeviceptr*, size_t);
 using FreeFn = CUresult (*)(CUdeviceptr);

@@ -15,10 +15,9 @@
 
 using Clock = std::chrono::steady_clock;
 static const char* g_only = nullptr;
-static std::size_t g_only_size = 0;
 
 static void pairs(const char* name, std::size_t size, CUstream stream, bool async, int iters) {
-  if ((g_only && std::strcmp(g_only, name)) || (g_only_size && g_only_size != size)) return;
+  if (g_only && std::strcmp(g_only, name)) return;
   auto& c = client::client();
   constexpr int kWindow = 8;
   auto pair = [&] {
@@ -53,11 +52,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
   }
   g_only = only;
-  g_only_size = only_size;
   auto& c = client::client();
   CUstream s = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  if (only_size != 0 && only_size != (64u << 10) && only_size != (16u << 20)) {
+  if (only_size != 0) {  // --size N: both frees at that size only
     pairs("cuMemFree", only_size, nullptr, false, iters);
     pairs("cuMemFreeAsync", only_size, s, true, iters);
     return 0;

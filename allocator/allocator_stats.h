@@ -1,8 +1,7 @@
-// How a block changing hands moves the allocator's statistics, and how a thread's hot-path
-// changes are folded into the allocator's totals. Separate from memory_stats.h (the stats
-// themselves and their formatting) because this is the allocator's accounting policy, shared
-// by the thread-cache hot path and the locked path; the per-block helpers stay inline so the
-// hot path pays no call for them.
+// How a block changing hands moves the allocator's statistics, on the locked path. Separate
+// from memory_stats.h (the stats themselves and their formatting) because this is the
+// allocator's accounting policy; the thread caches keep the same policy in a cheaper form
+// (hot_stats.h).
 #pragma once
 
 #include <cstdint>
@@ -45,9 +44,5 @@ inline void account_inactive(MemoryStats& s, const Block* b) {
   sub_stat(s.active, b->segment->pool, 1);
   sub_stat(s.active_bytes, b->segment->pool, static_cast<std::int64_t>(b->size));
 }
-
-// Folds a thread's hot-path changes `d` into the allocator's totals and zeroes `d`. A peak is
-// exact when no other thread moved the same stat since the delta started.
-void merge_stats(MemoryStats& into, MemoryStats& d);
 
 }  // namespace cudalloc

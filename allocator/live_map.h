@@ -17,7 +17,7 @@ namespace cudalloc {
 // hot path. Not synchronized: its owner locks it.
 class LiveTable {
  public:
-  void insert(DevicePtr ptr, Block* block) {
+  CUDALLOC_INLINE void insert(DevicePtr ptr, Block* block) {
     if ((count_ + 1) * 4 > capacity_ * 3) grow();
     std::size_t i = slot(ptr);
     while (slots_[i].key != 0) i = (i + 1) & (capacity_ - 1);
@@ -26,7 +26,7 @@ class LiveTable {
   }
 
   // Removes and returns the block that starts at `ptr`; null if none.
-  Block* take(DevicePtr ptr) {
+  CUDALLOC_INLINE Block* take(DevicePtr ptr) {
     const std::size_t i = find(ptr);
     if (i == kMissing) return nullptr;
     Block* b = slots_[i].value;
@@ -74,7 +74,7 @@ class LiveTable {
     }
   }
 
-  void grow() {
+  [[gnu::noinline, gnu::cold]] void grow() {
     const std::size_t old_capacity = capacity_;
     std::unique_ptr<Slot[]> old = std::move(slots_);
     capacity_ = old_capacity == 0 ? 64 : old_capacity * 2;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "allocator/block.h"
+#include "allocator/hot_stats.h"
 #include "allocator/live_map.h"
 #include "allocator/memory_stats.h"
 #include "allocator/size_classes.h"
@@ -117,24 +118,18 @@ class ThreadCache {
   // (fold_into). Every locked operation folds every thread's delta: one left unchanged since
   // the last fold is skipped, as in a thread that only meets the locked path (cudaFree'd large
   // blocks), where folding an empty delta was a third of the pair's time.
-  MemoryStats& delta() {
-    delta_dirty_ = true;
-    return delta_;
-  }
-  template <typename Merge>
-  void fold_into(MemoryStats& totals, Merge&& merge) {
-    if (!delta_dirty_) return;
-    merge(totals, delta_);
+  HotStats& delta() { return delta_; }
+  void fold_into(MemoryStats& totals) {
+    if (delta_.empty() && hits == 0) return;
+    delta_.fold_into(totals);
     totals.num_cache_hits += hits;
     hits = 0;
-    delta_dirty_ = false;
   }
   void reset_delta() {
-    delta_ = MemoryStats{};
+    delta_ = HotStats{};
     hits = 0;
-    delta_dirty_ = false;
   }
-  std::int64_t hits = 0;  // counted with a delta() change
+  std::int64_t hits = 0;
   LiveTable live;
 
   SpinLock lock;
@@ -177,8 +172,7 @@ class ThreadCache {
   std::size_t deferred_bytes_ = 0;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
-  MemoryStats delta_;
-  bool delta_dirty_ = false;
+  HotStats delta_;
 };
 
 }  // namespace cudalloc

@@ -109,7 +109,7 @@ Block* Impl::find_live_locked(DevicePtr ptr) {
 void Impl::merge_deltas() {
   for (auto& cache : caches) {
     std::lock_guard lock(cache->lock);
-    cache->fold_into(stats, merge_stats);
+    cache->fold_into(stats);
   }
 }
 
@@ -118,7 +118,7 @@ void Impl::merge_deltas() {
 // batches to refill its bins.
 void Impl::drain(ThreadCache& cache, bool bins) {
   std::lock_guard lock(cache.lock);
-  cache.fold_into(stats, merge_stats);
+  cache.fold_into(stats);
   for (Block* b : cache.deferred()) fences.defer_to_epoch(b);
   cache.deferred().clear();
   cache.deferred_bytes() = 0;
@@ -159,7 +159,7 @@ CUDALLOC_HOT bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::siz
   std::size_t moved = 0;
   for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
     Block* b = blocks[moved];
-    account_inactive(cache.delta(), b);
+    cache.delta().inactive(b);
     if (!cache.push(b, sizes.round(b->requested))) {
       b->state = BlockState::kPending;
       cache.spill().push_back(b);
@@ -202,7 +202,7 @@ CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle st
       if (b != nullptr) {
         b->state = BlockState::kAllocated;
         b->requested = bytes;
-        account_alloc(cache.delta(), b, m.sizes.is_oversize(b->size));
+        cache.delta().alloc(b, m.sizes.is_oversize(b->size));
         ++cache.hits;
         cache.live.insert(b->ptr, b);
       }
@@ -259,9 +259,9 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     bool cached = false;
     bool hand_over = false;
     std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock
-    account_free(cache.delta(), b, m.sizes.is_oversize(b->size));
+    cache.delta().free(b, m.sizes.is_oversize(b->size));
     if (reusable) {
-      account_inactive(cache.delta(), b);
+      cache.delta().inactive(b);
       cached = cache.push(b, m.sizes.round(requested));
       if (!cached) b->state = BlockState::kPending;
     } else {

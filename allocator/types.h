@@ -8,6 +8,9 @@
 // which the linker lays out together: the path then spans a few cache lines and pages of code
 // instead of being scattered over the library.
 #define CUDALLOC_HOT __attribute__((hot))
+// A small step of that path that GCC would otherwise leave out of line (at -O2 it declines
+// loops it cannot size and functions it judges large), paying a call and spills for it.
+#define CUDALLOC_INLINE __attribute__((always_inline)) inline
 
 namespace cudalloc {
 

@@ -4,8 +4,7 @@
 //   at 64 KiB and 16 MiB, both free orders, and private_loop, a baseline of thread-private work
 //   (--only: the case of that name, for profiling); with --trace the allocator reports to a
 //   TraceWriter writing PATH (what tracing costs), its
-//   records stamped with the TSC or, with --trace-monotonic, clock_gettime; --stats: after each
-//   case, how many allocations took the allocator's lock (missed the thread caches)
+//   records stamped with the TSC or, with --trace-monotonic, clock_gettime
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
@@ -110,7 +109,6 @@ int main(int argc, char** argv) {
   std::size_t live = 0;
   const char* only = nullptr;  // --only: one free order of the mix (device|stream), or one case
   const char* trace = nullptr;
-  bool show_stats = false;
   TraceOptions trace_options;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only")) only = argv[++i];
@@ -118,7 +116,6 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     if (!std::strcmp(argv[i], "--trace")) trace = argv[++i];
-    if (!std::strcmp(argv[i], "--stats")) show_stats = true;
     if (!std::strcmp(argv[i], "--trace-monotonic")) trace_options.clock = TraceClockSource::kMonotonic;
   }
   if (live > 0) {
@@ -146,7 +143,6 @@ int main(int argc, char** argv) {
       {"cudaFreeAsync_16MiB", 16 << 20, FreeOrder::kStream, true},
       {"private_loop", 0, FreeOrder::kStream, false, true},
   };
-  std::int64_t allocs_before = 0, hits_before = 0;
   for (const Case& c : cases) {
     if (only != nullptr && std::strcmp(only, c.name) != 0) continue;
     std::vector<double> ns(threads);
@@ -161,15 +157,6 @@ int main(int argc, char** argv) {
     const double worst = *std::max_element(ns.begin(), ns.end());
     std::printf("core name=%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, writer ? "_traced" : "", threads, worst,
                 threads * 1e9 / worst);
-    if (show_stats && !c.baseline) {
-      const MemoryStats s = a.stats();
-      const std::int64_t allocs = s.allocation[kStatAll].allocated - allocs_before;
-      const std::int64_t hits = s.num_cache_hits - hits_before;
-      std::printf("core stats name=%s allocations=%lld locked=%lld segments=%lld\n", c.name, static_cast<long long>(allocs),
-                  static_cast<long long>(allocs - hits), static_cast<long long>(s.segment[kStatAll].current));
-      allocs_before += allocs;
-      hits_before += hits;
-    }
   }
   return 0;
 }

@@ -28,7 +28,7 @@ std::size_t SizeClasses::divisions_for(std::size_t bytes) const {
   return options_.roundup_power2_divisions[index];
 }
 
-CUDALLOC_HOT std::size_t SizeClasses::round(std::size_t bytes) const {
+std::size_t SizeClasses::round_slow(std::size_t bytes) const {
   if (bytes <= kMinBlockSize) return kMinBlockSize;
   const std::size_t divisions = divisions_for(bytes);
   if (divisions > 1 && bytes > kMinBlockSize * divisions) {

@@ -21,8 +21,14 @@ class SizeClasses {
  public:
   explicit SizeClasses(const AllocatorOptions& options) : options_(options) {}
 
-  // The block size a request gets. Requires bytes > 0.
-  std::size_t round(std::size_t bytes) const;
+  // The block size a request gets. Requires bytes > 0. Inline for small requests without
+  // roundup_power2_divisions (a multiple of 512): every allocation rounds its size first.
+  std::size_t round(std::size_t bytes) const {
+    if (bytes <= kSmallSize && options_.roundup_power2_divisions[0] <= 1) [[likely]] {
+      return bytes <= kMinBlockSize ? kMinBlockSize : (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
+    }
+    return round_slow(bytes);
+  }
   static PoolKind pool_for(std::size_t rounded) {
     return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
   }
@@ -40,6 +46,7 @@ class SizeClasses {
   std::size_t divisions_for(std::size_t bytes) const;
 
  private:
+  std::size_t round_slow(std::size_t bytes) const;
   const AllocatorOptions& options_;
 };
 

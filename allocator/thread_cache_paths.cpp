@@ -35,10 +35,17 @@ struct LocalEntry {
   std::weak_ptr<Impl> owner;
   std::shared_ptr<ThreadCache> cache;
 };
+// The entry found last, so that a thread using one allocator finds its cache with one
+// comparison: plain thread-locals, read without the guard that t_local's destructor brings.
+// Allocator ids are never reused, so an id of a destroyed allocator matches no lookup.
+thread_local std::uint64_t t_last_id = 0;
+thread_local ThreadCache* t_last_cache = nullptr;
+
 // A thread's caches, one per allocator it used; given back when the thread exits.
 struct LocalCaches {
   std::vector<LocalEntry> entries;
   ~LocalCaches() {
+    t_last_id = 0;  // whatever runs later on this thread must not find a retired cache
     for (LocalEntry& e : entries) {
       if (auto owner = e.owner.lock()) owner->retire(e.cache);
     }
@@ -50,14 +57,19 @@ thread_local LocalCaches t_local;
 }  // namespace
 
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
+  if (t_last_id == id) [[likely]] return t_last_cache;
   for (LocalEntry& e : t_local.entries) {
-    if (e.id == id) return e.cache.get();
+    if (e.id == id) {
+      t_last_id = id;
+      t_last_cache = e.cache.get();
+      return t_last_cache;
+    }
   }
   return nullptr;
 }
 
 CUDALLOC_HOT ThreadCache& Impl::local_cache() {
-  if (ThreadCache* found = find_local_cache()) return *found;
+  if (ThreadCache* found = find_local_cache()) [[likely]] return *found;
   LocalCaches& local = t_local;
   std::erase_if(local.entries, [](const LocalEntry& e) { return e.owner.expired(); });
   auto cache = std::make_shared<ThreadCache>();
@@ -66,6 +78,8 @@ CUDALLOC_HOT ThreadCache& Impl::local_cache() {
     caches.push_back(cache);
   }
   local.entries.push_back(LocalEntry{id, weak_from_this(), cache});
+  t_last_id = id;
+  t_last_cache = cache.get();
   return *cache;
 }
 

@@ -10,9 +10,13 @@
 
 namespace cudalloc::shim {
 
+namespace detail {
+std::atomic<const DriverApi*> g_api{nullptr};
+}  // namespace detail
+
 namespace {
 
-std::atomic<const DriverApi*> g_api{nullptr};
+using detail::g_api;
 std::mutex g_resolve_mutex;  // the first lookups race; one thread resolves, others wait
 const DriverApi g_empty{};
 
@@ -38,7 +42,7 @@ CUDALLOC_HOT const DriverApi* driver_if_loaded() {
   return resolve(handle);  // the NOLOAD reference is kept: libcuda is never unloaded
 }
 
-CUDALLOC_HOT const DriverApi& driver() {
+const DriverApi& detail::driver_slow() {
   if (const DriverApi* api = driver_if_loaded()) return *api;
   void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (handle == nullptr) return g_empty;

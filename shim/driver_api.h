@@ -2,6 +2,8 @@
 // dlsym on the libcuda handle, so they are never our own hooks, and never the runtime.
 #pragma once
 
+#include <atomic>
+
 #include <type_traits>
 
 #include "shim/cuda_api.h"
@@ -92,8 +94,17 @@ struct DriverApi {
 // the driver (the dlsym override uses this: a lookup in some other library must not load it).
 const DriverApi* driver_if_loaded();
 
+namespace detail {
+extern std::atomic<const DriverApi*> g_api;  // set once the table is resolved
+const DriverApi& driver_slow();
+}  // namespace detail
+
 // The table for the hooks: they only run in a process that uses CUDA, so this loads the
-// driver if it somehow is not loaded yet. Entries the driver lacks stay null.
-const DriverApi& driver();
+// driver if it somehow is not loaded yet. Entries the driver lacks stay null. Inline up to the
+// loaded table: every hook asks for it.
+inline const DriverApi& driver() {
+  if (const DriverApi* api = detail::g_api.load(std::memory_order_acquire)) [[likely]] return *api;
+  return detail::driver_slow();
+}
 
 }  // namespace cudalloc::shim

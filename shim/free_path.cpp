@@ -6,35 +6,12 @@
 
 namespace cudalloc::shim {
 
-CUDALLOC_HOT CUresult to_cuda(Status s) {
-  switch (s) {
-    case Status::kOk: return CUDA_SUCCESS;
-    case Status::kInvalidValue: return CUDA_ERROR_INVALID_VALUE;
-    case Status::kOutOfMemory: return CUDA_ERROR_OUT_OF_MEMORY;
-    case Status::kDeinitialized: return CUDA_ERROR_DEINITIALIZED;
-    case Status::kBackendError: return CUDA_ERROR_UNKNOWN;
-  }
-  return CUDA_ERROR_UNKNOWN;
-}
-
 namespace {
 CUresult bad_free(CUdeviceptr ptr, bool async) {
   log_warn("%s(0x%llx): not the start of a live allocation (double free or interior pointer); "
            "returning CUDA_ERROR_INVALID_VALUE, the cache is unchanged",
            async ? "cuMemFreeAsync" : "cuMemFree", static_cast<unsigned long long>(ptr));
   return CUDA_ERROR_INVALID_VALUE;
-}
-}  // namespace
-
-namespace {
-// The order a free gives its block, outside captures and free_sync.
-CUDALLOC_HOT Status free_ordered(ProcessState& ps, ContextState& owner, DevicePtr p, bool async, StreamInfo* stream) {
-  if (async) return owner.allocator.free(p, FreeOrder::kStream, key_of(stream), true);
-  if (ps.single_stream.active()) {
-    // Ordered on the legacy stream, where all the program's work runs (single_stream.h).
-    return owner.allocator.free(p, FreeOrder::kStream, key_of(ps.streams.legacy()), false);
-  }
-  return owner.allocator.free(p, FreeOrder::kDevice);
 }
 }  // namespace
 
@@ -65,19 +42,6 @@ CUresult free_owned(ProcessState& ps, ContextState& owner, CUdeviceptr ptr, bool
   }
   if (st == Status::kInvalidValue) return bad_free(ptr, async);
   return to_cuda(st);
-}
-
-CUDALLOC_HOT bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo* stream, CUresult* result) {
-  if (ps.captures.any()) return false;
-  const auto p = static_cast<DevicePtr>(ptr);
-  for (ContextState* s : ps.contexts.live()) {
-    const Status st = free_ordered(ps, *s, p, async, stream);
-    if (st != Status::kInvalidValue) {  // kInvalidValue: not a live block of this context
-      *result = to_cuda(st);
-      return true;
-    }
-  }
-  return false;
 }
 
 void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked) {

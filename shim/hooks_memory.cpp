@@ -24,7 +24,7 @@ CUresult out_of_memory(ContextState& s, std::size_t bytes) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUDALLOC_HOT CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
+CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
   DevicePtr p = 0;
   const Status st = s.allocator.allocate(bytes, stream, &p, async);
   if (st == Status::kOk) {
@@ -55,11 +55,18 @@ CUDALLOC_HOT CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
 // A stream other than the legacy one ends single_stream; one met for the first time (made
 // by a path cudalloc does not wrap) learns what the backend and single_stream need of it. A
 // library's helper stream in a memory call is used beyond the fork and join that order it.
-CUDALLOC_HOT void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
+void stream_used_slow(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
   if (learnt) s.backend.add_stream(si);
   if (si->helper.load(std::memory_order_relaxed)) s.backend.unmark_helper(si);
   if (si->kind != StreamInfo::Kind::kLegacy && (learnt || ps.single_stream.active())) {
     ps.single_stream.stream_seen(ps.contexts, s, si, learnt ? "an unknown stream" : "a stream other than the legacy one");
+  }
+}
+// Inline up to "nothing to do", the answer for a known stream once single_stream has ended.
+CUDALLOC_INLINE void stream_used(ProcessState& ps, ContextState& s, StreamInfo* si, bool learnt) {
+  if (learnt || si->helper.load(std::memory_order_relaxed) ||
+      (si->kind != StreamInfo::Kind::kLegacy && ps.single_stream.active())) [[unlikely]] {
+    stream_used_slow(ps, s, si, learnt);
   }
 }
 

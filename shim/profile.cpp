@@ -36,17 +36,19 @@ void print_at_exit() {
   }
 }
 
-bool read_enabled() {
-  const char* v = std::getenv("CUDALLOC_PROFILE");
-  const bool on = v != nullptr && std::strcmp(v, "1") == 0;
-  if (on) std::atexit(print_at_exit);
-  return on;
-}
-
 }  // namespace
 
-CUDALLOC_HOT bool enabled() {
-  static const bool on = read_enabled();
+std::atomic<int> detail::g_enabled{-1};
+
+bool detail::read_enabled() {
+  // Once, whichever thread asks first (the static's guard), so atexit is registered once.
+  static const bool on = [] {
+    const char* v = std::getenv("CUDALLOC_PROFILE");
+    const bool set = v != nullptr && std::strcmp(v, "1") == 0;
+    if (set) std::atexit(print_at_exit);
+    return set;
+  }();
+  g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
   return on;
 }
 

@@ -4,6 +4,7 @@
 // Printed to stderr at exit: per site, calls, total time and time per call.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -24,7 +25,16 @@ enum class Site : int {
   kCount,
 };
 
-bool enabled();
+namespace detail {
+extern std::atomic<int> g_enabled;  // -1 until CUDALLOC_PROFILE is read, then 0 or 1
+bool read_enabled();
+}  // namespace detail
+
+inline bool enabled() {
+  const int on = detail::g_enabled.load(std::memory_order_relaxed);
+  if (on < 0) [[unlikely]] return detail::read_enabled();
+  return on != 0;
+}
 void add(Site site, std::int64_t ns);
 
 class Scope {

@@ -17,11 +17,15 @@ extern char** environ;
 
 namespace cudalloc::shim {
 
-namespace {
-
-// Heap objects that are never destroyed: hooks run during exit too.
+namespace detail {
 std::atomic<const Runtime*> g_runtime{nullptr};
 std::atomic<ProcessState*> g_state{nullptr};
+}  // namespace detail
+
+namespace {
+
+using detail::g_runtime;
+using detail::g_state;
 std::mutex g_init_mutex;
 
 // The child of a fork cannot use the parent's CUDA contexts, and locks held by the parent's
@@ -79,8 +83,8 @@ const Runtime& runtime() {
   return rt != nullptr ? *rt : *init();
 }
 
-CUDALLOC_HOT ProcessState* caching_state() {
-  if (g_runtime.load(std::memory_order_acquire) == nullptr) init();
+ProcessState* detail::caching_state_first() {
+  init();
   return g_state.load(std::memory_order_acquire);
 }
 

@@ -2,6 +2,8 @@
 // constructor: a process that never touches CUDA must not be changed by the preload).
 #pragma once
 
+#include <atomic>
+
 #include "config/config.h"
 #include "shim/capture.h"
 #include "shim/context_state.h"
@@ -29,7 +31,17 @@ struct ProcessState {
   ContextRegistry contexts;
 };
 
-// The caching state; null in passthrough mode.
-ProcessState* caching_state();
+namespace detail {
+// Heap objects that are never destroyed: hooks run during exit too.
+extern std::atomic<const Runtime*> g_runtime;
+extern std::atomic<ProcessState*> g_state;
+ProcessState* caching_state_first();
+}  // namespace detail
+
+// The caching state; null in passthrough mode. Inline once initialized: every hook asks.
+inline ProcessState* caching_state() {
+  if (detail::g_runtime.load(std::memory_order_acquire) == nullptr) [[unlikely]] return detail::caching_state_first();
+  return detail::g_state.load(std::memory_order_acquire);
+}
 
 }  // namespace cudalloc::shim

@@ -14,19 +14,23 @@ namespace cudalloc {
 
 // An open-addressing table of live blocks by address (linear probing, backward-shift deletion):
 // an insert or a removal allocates nothing until the table grows, which keeps malloc off the
-// hot path. Not synchronized: its owner locks it.
+// hot path. The newest entry waits in a slot of its own and enters the table only when the
+// next one arrives: a block freed before the next allocation (a loop of pairs) costs neither a
+// hashed insert nor a removal. Not synchronized: its owner locks it.
 class LiveTable {
  public:
   CUDALLOC_INLINE void insert(DevicePtr ptr, Block* block) {
-    if ((count_ + 1) * 4 > capacity_ * 3) grow();
-    std::size_t i = slot(ptr);
-    while (slots_[i].key != 0) i = (i + 1) & (capacity_ - 1);
-    slots_[i] = Slot{ptr, block};
-    ++count_;
+    if (newest_.key != 0) insert_table(newest_.key, newest_.value);
+    newest_ = Slot{ptr, block};
   }
 
   // Removes and returns the block that starts at `ptr`; null if none.
   CUDALLOC_INLINE Block* take(DevicePtr ptr) {
+    if (newest_.key == ptr) [[likely]] {
+      Block* b = newest_.value;
+      newest_ = Slot{};
+      return b;
+    }
     const std::size_t i = find(ptr);
     if (i == kMissing) return nullptr;
     Block* b = slots_[i].value;
@@ -35,20 +39,23 @@ class LiveTable {
   }
 
   Block* get(DevicePtr ptr) const {
+    if (newest_.key == ptr && ptr != 0) return newest_.value;
     const std::size_t i = find(ptr);
     return i == kMissing ? nullptr : slots_[i].value;
   }
 
-  bool empty() const { return count_ == 0; }
+  bool empty() const { return count_ == 0 && newest_.key == 0; }
 
   template <typename F>
   void for_each(F&& f) const {
+    if (newest_.key != 0) f(newest_.key, newest_.value);
     for (std::size_t i = 0; i < capacity_; ++i) {
       if (slots_[i].key != 0) f(slots_[i].key, slots_[i].value);
     }
   }
 
   void clear() {
+    newest_ = Slot{};
     for (std::size_t i = 0; i < capacity_; ++i) slots_[i] = Slot{};
     count_ = 0;
   }
@@ -59,6 +66,14 @@ class LiveTable {
     Block* value = nullptr;
   };
   static constexpr std::size_t kMissing = ~std::size_t{0};
+
+  void insert_table(DevicePtr ptr, Block* block) {
+    if ((count_ + 1) * 4 > capacity_ * 3) grow();
+    std::size_t i = slot(ptr);
+    while (slots_[i].key != 0) i = (i + 1) & (capacity_ - 1);
+    slots_[i] = Slot{ptr, block};
+    ++count_;
+  }
 
   static std::uint64_t mix(DevicePtr ptr) {
     std::uint64_t x = (ptr >> 9) * 0x9E3779B97F4A7C15ull;  // blocks are 512-byte aligned
@@ -106,9 +121,10 @@ class LiveTable {
     --count_;
   }
 
+  Slot newest_;
   std::unique_ptr<Slot[]> slots_;
   std::size_t capacity_ = 0;  // a power of two
-  std::size_t count_ = 0;
+  std::size_t count_ = 0;     // in slots_, newest_ not included
 };
 
 // The live blocks that no thread cache holds (ThreadCache::live holds those a thread took from

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <atomic>
-
 #include <type_traits>
 
 #include "shim/cuda_api.h"

@@ -9,83 +9,95 @@
 
 using namespace cudalloc;
 
+namespace {
+
+// What a live map or table should hold, the blocks its entries point at, and the random steps.
+struct Model {
+  Model(std::size_t nblocks, std::uint64_t seed) : blocks(nblocks), rng(seed) {}
+  std::unordered_map<DevicePtr, Block*> entries;
+  std::vector<Block> blocks;
+  std::mt19937_64 rng;
+  std::vector<DevicePtr> keys;
+
+  Block* any_block() { return &blocks[rng() % blocks.size()]; }
+  void add(DevicePtr p, Block* b) {
+    entries[p] = b;
+    keys.push_back(p);
+  }
+  void remove_at(std::size_t i) {
+    entries.erase(keys[i]);
+    keys[i] = keys.back();
+    keys.pop_back();
+  }
+};
+
+}  // namespace
+
 TEST_CASE("the live map matches a plain hash map under random inserts, lookups and removals") {
   LiveMap map;
-  std::unordered_map<DevicePtr, Block*> model;
-  std::vector<Block> blocks(4096);
-  std::mt19937_64 rng(7);
-  std::vector<DevicePtr> keys;
+  Model m(4096, 7);
   for (int step = 0; step < 200000; ++step) {
-    const unsigned op = rng() % 10;
-    if (op < 5 || keys.empty()) {
+    const unsigned op = m.rng() % 10;
+    if (op < 5 || m.keys.empty()) {
       // Dense, 512-aligned addresses collide in probe runs; sparse ones span the space.
-      DevicePtr p = (rng() % 2 ? 0x7f0000000000ull + (rng() % 20000) * 512 : (rng() | 1) << 9);
-      if (model.count(p)) continue;
-      Block* b = &blocks[rng() % blocks.size()];
+      DevicePtr p = (m.rng() % 2 ? 0x7f0000000000ull + (m.rng() % 20000) * 512 : (m.rng() | 1) << 9);
+      if (m.entries.count(p)) continue;
+      Block* b = m.any_block();
       map.insert(p, b);
-      model[p] = b;
-      keys.push_back(p);
+      m.add(p, b);
     } else if (op < 8) {
-      const std::size_t i = rng() % keys.size();
-      const DevicePtr p = keys[i];
-      REQUIRE(map.take(p) == model.at(p));
+      const std::size_t i = m.rng() % m.keys.size();
+      const DevicePtr p = m.keys[i];
+      REQUIRE(map.take(p) == m.entries.at(p));
       REQUIRE(map.take(p) == nullptr);  // a second removal finds nothing
-      model.erase(p);
-      keys[i] = keys.back();
-      keys.pop_back();
+      m.remove_at(i);
     } else {
-      const DevicePtr p = rng() % 3 == 0 || keys.empty() ? (rng() << 9) : keys[rng() % keys.size()];
-      auto it = model.find(p);
-      REQUIRE(map.get(p) == (it == model.end() ? nullptr : it->second));
+      const DevicePtr p = m.rng() % 3 == 0 || m.keys.empty() ? (m.rng() << 9) : m.keys[m.rng() % m.keys.size()];
+      auto it = m.entries.find(p);
+      REQUIRE(map.get(p) == (it == m.entries.end() ? nullptr : it->second));
     }
   }
-  for (DevicePtr p : keys) REQUIRE(map.get(p) == model.at(p));
+  for (DevicePtr p : m.keys) REQUIRE(map.get(p) == m.entries.at(p));
   map.clear();
-  for (DevicePtr p : keys) REQUIRE(map.get(p) == nullptr);
+  for (DevicePtr p : m.keys) REQUIRE(map.get(p) == nullptr);
 }
 
 TEST_CASE("a live table lists, finds and removes its newest entry like the others") {
   LiveTable table;
-  std::unordered_map<DevicePtr, Block*> model;
-  std::vector<Block> blocks(64);
-  std::mt19937_64 rng(11);
-  std::vector<DevicePtr> keys;
+  Model m(64, 11);
   DevicePtr last = 0;
   auto check_all = [&] {
     std::unordered_map<DevicePtr, Block*> seen;
     table.for_each([&](DevicePtr p, Block* b) { REQUIRE(seen.emplace(p, b).second); });
-    REQUIRE(seen == model);
-    REQUIRE(table.empty() == model.empty());
+    REQUIRE(seen == m.entries);
+    REQUIRE(table.empty() == m.entries.empty());
   };
   for (int step = 0; step < 50000; ++step) {
-    const unsigned op = rng() % 8;
-    if (op < 3 || keys.empty()) {
-      const DevicePtr p = 0x7f0000000000ull + (rng() % 4096) * 512;
-      if (model.count(p)) continue;
-      Block* b = &blocks[rng() % blocks.size()];
+    const unsigned op = m.rng() % 8;
+    if (op < 3 || m.keys.empty()) {
+      const DevicePtr p = 0x7f0000000000ull + (m.rng() % 4096) * 512;
+      if (m.entries.count(p)) continue;
+      Block* b = m.any_block();
       table.insert(p, b);
-      model[p] = b;
-      keys.push_back(p);
+      m.add(p, b);
       last = p;
     } else if (op < 6) {
       // Half the removals take the newest entry, as a loop of pairs does.
-      std::size_t i = rng() % keys.size();
-      if (op == 3 && model.count(last)) i = static_cast<std::size_t>(std::find(keys.begin(), keys.end(), last) - keys.begin());
-      const DevicePtr p = keys[i];
-      REQUIRE(table.get(p) == model.at(p));
-      REQUIRE(table.take(p) == model.at(p));
+      std::size_t i = m.rng() % m.keys.size();
+      if (op == 3 && m.entries.count(last)) i = static_cast<std::size_t>(std::find(m.keys.begin(), m.keys.end(), last) - m.keys.begin());
+      const DevicePtr p = m.keys[i];
+      REQUIRE(table.get(p) == m.entries.at(p));
+      REQUIRE(table.take(p) == m.entries.at(p));
       REQUIRE(table.take(p) == nullptr);
       REQUIRE(table.get(p) == nullptr);
-      model.erase(p);
-      keys[i] = keys.back();
-      keys.pop_back();
+      m.remove_at(i);
     } else {
       check_all();
     }
   }
   check_all();
   table.clear();
-  model.clear();
+  m.entries.clear();
   check_all();
-  for (DevicePtr p : keys) REQUIRE(table.get(p) == nullptr);
+  for (DevicePtr p : m.keys) REQUIRE(table.get(p) == nullptr);
 }

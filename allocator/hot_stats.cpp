@@ -38,7 +38,7 @@ void HotStats::fold_into(MemoryStats& into) {
     }
   }
   if (touched_ != 0) {
-    const Values& all_peak = mixed_ ? all_peak_ : pools_[touched_ == 1u ? 0 : 1].peak;
+    const Values& all_peak = touched_ == kBothPools ? all_peak_ : pools_[touched_ == 1u ? 0 : 1].peak;
     for (std::size_t q = 0; q < kQuantities; ++q) {
       add_delta((into.*arrays[q])[kStatAll], all_current[q], all_peak[q], all_added[q]);
     }

@@ -30,7 +30,7 @@ class HotStats {
     d.alloc_requested += static_cast<std::int64_t>(b->requested);
     if (oversize) ++oversize_;
     raise(d.peak, d.currents());
-    if (mixed_) [[unlikely]] raise(all_peak_, all_currents());
+    if (touched_ == kBothPools) [[unlikely]] raise(all_peak_, all_currents());
   }
   // The program freed the block (it stays active until it can be handed out again).
   CUDALLOC_INLINE void free(const Block* b, bool oversize) {
@@ -47,7 +47,7 @@ class HotStats {
     d.inactive_bytes += static_cast<std::int64_t>(b->size);
   }
 
-  bool empty() const { return touched_ == 0 && oversize_ == 0; }
+  bool empty() const { return touched_ == 0; }  // every change touches a pool
 
   // Adds the changes to `into` and starts over. A peak is exact when no other thread moved the
   // same stat since the delta started.
@@ -56,6 +56,7 @@ class HotStats {
  private:
   enum Quantity : std::size_t { kAllocation, kActive, kAllocatedBytes, kActiveBytes, kRequestedBytes, kQuantities };
   using Values = std::array<std::int64_t, kQuantities>;
+  static constexpr unsigned kBothPools = 3;
 
   struct alignas(64) Pool {
     std::int64_t allocs = 0, alloc_bytes = 0, alloc_requested = 0;
@@ -81,10 +82,9 @@ class HotStats {
   void note_pool(std::size_t p) {
     if (touched_ == 0) {
       touched_ = 1u << p;
-    } else if (!mixed_) {
+    } else if (touched_ != kBothPools) {
       all_peak_ = pools_[touched_ == 1u ? 0 : 1].peak;
-      touched_ = 3u;
-      mixed_ = true;
+      touched_ = kBothPools;
     }
   }
   CUDALLOC_INLINE static void raise(Values& peak, const Values& now) {
@@ -99,10 +99,9 @@ class HotStats {
   }
 
   std::array<Pool, 2> pools_{};  // small, large
-  Values all_peak_{};            // valid while mixed_
+  Values all_peak_{};            // valid once both pools changed
   std::int64_t oversize_ = 0;
   unsigned touched_ = 0;  // a bit per pool changed since the last fold
-  bool mixed_ = false;
 };
 
 }  // namespace cudalloc

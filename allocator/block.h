@@ -41,22 +41,29 @@ class BlockStateCell {
 // A cache line of its own: threads of cudaMalloc take neighbouring blocks of one segment
 // (core_pairs, 2 threads of cudaMalloc+cudaFree on a 2-core machine: 30M pairs/s with shared
 // lines, 33-44M without).
+//
+// The first line holds what a cached allocate, free and refill read and write; the links and
+// the segment, which only the locked path follows, are on the second. (A cudaFree'd block waits
+// behind hundreds of others for its fence, so each line a pair touches is a likely miss.)
 struct alignas(64) Block {
   DevicePtr ptr = 0;
   std::size_t size = 0;
   std::size_t requested = 0;
-  StreamHandle stream = 0;  // the pool it belongs to (that of its segment)
+  StreamHandle stream = 0;                // the pool it belongs to (that of its segment)
+  std::vector<StreamHandle> stream_uses;  // other streams the program used it on
+  BlockStateCell state;
+  PoolKind pool = PoolKind::kSmall;       // its segment's, copied here for the hot path
+  bool mapped = true;                     // false: unbacked address space of an expandable segment
+  int pending_fences = 0;                 // fences still to complete before reuse
+  // ---- second line
   Segment* segment = nullptr;
   Block* prev = nullptr;
   Block* next = nullptr;
-  BlockStateCell state;
-  bool mapped = true;                     // false: unbacked address space of an expandable segment
-  int pending_fences = 0;                 // fences still to complete before reuse
-  std::vector<StreamHandle> stream_uses;  // other streams the program used it on
   const void* taker = nullptr;            // large blocks: the thread cache of the thread that took it
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
+static_assert(offsetof(Block, pending_fences) + sizeof(int) <= 64, "the hot fields fill the first line");
 
 // One allocation from the device, cut into blocks. An expandable segment is instead a range of
 // reserved address space, mapped chunk by chunk as it grows; its blocks cover the whole range.

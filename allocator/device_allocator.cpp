@@ -47,7 +47,7 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   b->state = BlockState::kAllocated;
   b->requested = requested;
   // Its free parks it in this thread's large bins only if this thread took it.
-  if (b->segment->pool == PoolKind::kLarge) b->taker = find_local_cache();
+  if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
   account_alloc(stats, b, sizes.is_oversize(b->size));
   count_allocated(static_cast<std::int64_t>(b->size));
   live.insert(b->ptr, b);
@@ -78,6 +78,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
+  ++stats.num_locked_allocs;
   merge_deltas();
   // Past this, rounding would overflow; no device has that much memory anyway.
   constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
@@ -149,6 +150,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
 
 // `b` was taken out of the live map by the caller.
 void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
+  ++stats.num_locked_frees;
   merge_deltas();
   const DevicePtr ptr = b->ptr;
   account_free(stats, b, sizes.is_oversize(b->size));
@@ -261,6 +263,8 @@ void DeviceAllocator::forget_all() {
   fresh.num_device_free = m.stats.num_device_free;
   fresh.num_cache_hits = m.stats.num_cache_hits;
   fresh.num_cache_misses = m.stats.num_cache_misses;
+  fresh.num_locked_allocs = m.stats.num_locked_allocs;
+  fresh.num_locked_frees = m.stats.num_locked_frees;
   m.stats = fresh;
 }
 

@@ -71,6 +71,7 @@ Block* FreeBlocks::split_at(Block* b, std::size_t offset) {
   rest->size = b->size - offset;
   rest->stream = b->stream;
   rest->segment = b->segment;
+  rest->pool = b->pool;
   rest->mapped = b->mapped;
   rest->state = b->state;
   rest->prev = b;

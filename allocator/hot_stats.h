@@ -73,7 +73,7 @@ class HotStats {
   };
 
   CUDALLOC_INLINE Pool& touch(const Block* b) {
-    const std::size_t p = b->segment->pool == PoolKind::kSmall ? 0 : 1;
+    const std::size_t p = b->pool == PoolKind::kSmall ? 0 : 1;
     if (touched_ != 1u << p) [[unlikely]] note_pool(p);
     return pools_[p];
   }

@@ -56,6 +56,8 @@ std::map<std::string, std::int64_t> MemoryStats::to_map() const {
   out["num_device_free"] = num_device_free;
   out["num_cache_hits"] = num_cache_hits;
   out["num_cache_misses"] = num_cache_misses;
+  out["num_locked_allocs"] = num_locked_allocs;
+  out["num_locked_frees"] = num_locked_frees;
   out["oversize_allocations.current"] = oversize_allocations;
   out["oversize_segments.current"] = oversize_segments;
   return out;
@@ -132,6 +134,9 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
   std::snprintf(line, sizeof line, " alloc retries: %lld  OOMs: %lld  fence waits: %lld",
                 static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms),
                 static_cast<long long>(s.num_pending_waits));
+  out += "|" + pad(line, 77) + "|\n";
+  std::snprintf(line, sizeof line, " under the device lock: allocs %lld  frees %lld",
+                static_cast<long long>(s.num_locked_allocs), static_cast<long long>(s.num_locked_frees));
   out += "|" + pad(line, 77) + "|\n";
   out += "|" + rule.substr(2) + "|\n";
   return out;

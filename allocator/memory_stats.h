@@ -53,6 +53,10 @@ struct MemoryStats {
   std::int64_t num_device_free = 0;
   std::int64_t num_cache_hits = 0;    // allocations served without a device call
   std::int64_t num_cache_misses = 0;  // allocations that made a segment
+  // Allocations and frees that took the device lock: a thread cache missed, or (frees) the
+  // block could not go back to one. Few in a steady loop; many mean the threads contend.
+  std::int64_t num_locked_allocs = 0;
+  std::int64_t num_locked_frees = 0;
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
 

@@ -24,6 +24,7 @@ Segment* SegmentTable::add(DevicePtr base, std::size_t size, PoolKind pool, Stre
   block->ptr = base;
   block->size = size;
   block->stream = stream;
+  block->pool = pool;
   block->segment = segment.get();
   segment->first = block;
   Segment* raw = segment.get();

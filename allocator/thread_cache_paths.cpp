@@ -257,7 +257,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   // there for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  const bool cacheable = b->segment->pool == PoolKind::kSmall
+  const bool cacheable = b->pool == PoolKind::kSmall
                              ? reusable || order == FreeOrder::kDevice
                              : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
   if (m.options.thread_cache && cacheable) {
@@ -300,6 +300,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);
     if (cached && !hand_over) return Status::kOk;
     std::lock_guard lock(m.mutex);
+    ++m.stats.num_locked_frees;
     if (!cached) m.blocks.make_reusable(b);  // its bin was full
     if (hand_over) m.drain(cache, false);
     return Status::kOk;

@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     if (only != nullptr && std::strcmp(only, c.name) != 0) continue;
+    const MemoryStats before = a.stats();
     std::vector<double> ns(threads);
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
@@ -155,8 +156,11 @@ int main(int argc, char** argv) {
     }
     for (auto& t : ts) t.join();
     const double worst = *std::max_element(ns.begin(), ns.end());
-    std::printf("core name=%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f\n", c.name, writer ? "_traced" : "", threads, worst,
-                threads * 1e9 / worst);
+    const MemoryStats after = a.stats();
+    std::printf("core name=%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f locked_allocs=%lld locked_frees=%lld\n", c.name,
+                writer ? "_traced" : "", threads, worst, threads * 1e9 / worst,
+                static_cast<long long>(after.num_locked_allocs - before.num_locked_allocs),
+                static_cast<long long>(after.num_locked_frees - before.num_locked_frees));
   }
   return 0;
 }

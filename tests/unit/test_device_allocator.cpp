@@ -337,6 +337,12 @@ TEST_CASE("a loop of cudaMalloc+cudaFree pairs records one device fence per batc
   CHECK(f.sim.segment_calls() == 1);
   CHECK(f.stat("allocated_bytes.all.current") == 0);
   CHECK(f.stat("segment.all.current") == 1);
+  // Only the pairs before the first batch passed its fence took the device lock: the frees
+  // all went to the thread's cache.
+  INFO("locked allocs " << f.stat("num_locked_allocs"));
+  CHECK(f.stat("num_locked_allocs") > 0);
+  CHECK(f.stat("num_locked_allocs") <= static_cast<std::int64_t>(ThreadCache::kBatchBlocks + 1));
+  CHECK(f.stat("num_locked_frees") == 0);
 }
 
 TEST_CASE("a small miss leaves other threads' caches alone unless memory is short") {
@@ -773,6 +779,8 @@ TEST_CASE("cached blocks are served from the thread cache and drained under pres
   f.alloc.free(a, FreeOrder::kCompleted);
   CHECK(f.get(3000) == a);  // same rounded size: from the cache
   CHECK(f.stat("num_cache_hits") == 1);
+  CHECK(f.stat("num_locked_allocs") == 1);  // the first allocation only
+  CHECK(f.stat("num_locked_frees") == 0);
   f.alloc.free(a, FreeOrder::kCompleted);
   // The segment is whole again only once the cache is drained; a request for all of the
   // limit forces that rather than failing.

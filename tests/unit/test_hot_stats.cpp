@@ -28,6 +28,7 @@ struct Fixture {
     for (Block& b : blocks) {
       const bool large = rng() % 3 == 0;
       b.segment = large ? &large_segment : &small_segment;
+      b.pool = b.segment->pool;
       b.size = large ? (1 + rng() % 64) * (1u << 20) : (1 + rng() % 2048) * 512;
     }
   }
@@ -87,8 +88,10 @@ TEST_CASE("the all-pool peak of a delta that mixes pools is the peak of their su
   Block& small = f.blocks[0];
   Block& large = f.blocks[1];
   small.segment = &f.small_segment;
+  small.pool = PoolKind::kSmall;
   small.size = small.requested = 4096;
   large.segment = &f.large_segment;
+  large.pool = PoolKind::kLarge;
   large.size = large.requested = 1u << 20;
   // Small rises to 4096 and falls; large then rises to 1 MiB: the sum never exceeds 1 MiB,
   // though the pools' own peaks add up to more.

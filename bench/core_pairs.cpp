@@ -1,10 +1,12 @@
 // The allocator core alone, on the simulated device: what a cached allocate+free pair costs
 // without the shim and the CUDA runtime around it. Runs anywhere (no GPU).
-//   core_pairs [--threads N] [--iters N] [--only CASE] [--trace PATH [--trace-monotonic]]: pairs
+//   core_pairs [--threads N] [--iters N] [--only CASE] [--separate] [--trace PATH [--trace-monotonic]]: pairs
 //   at 64 KiB and 16 MiB, both free orders, and private_loop, a baseline of thread-private work
 //   (--only: the case of that name, for profiling); with --trace the allocator reports to a
 //   TraceWriter writing PATH (what tracing costs), its
-//   records stamped with the TSC or, with --trace-monotonic, clock_gettime
+//   records stamped with the TSC or, with --trace-monotonic, clock_gettime; with --separate each
+//   thread has an allocator (and simulated device) of its own, so that what the threads' sharing
+//   of one allocator costs shows as the difference (lines "name=..._separate")
 //   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
 //   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
@@ -26,12 +28,39 @@
 using namespace cudalloc;
 using Clock = std::chrono::steady_clock;
 
-static double run(DeviceAllocator& a, std::size_t size, FreeOrder order, StreamHandle stream, int iters) {
+// Threads of a case start timing together, each past its warm-up, when the main thread says go
+// (having read the statistics the timed part is measured from).
+class StartLine {
+ public:
+  explicit StartLine(int threads) : left_(threads) {}
+  void arrive_and_wait() {
+    left_.fetch_sub(1);
+    while (!go_.load()) std::this_thread::yield();
+  }
+  void wait_all() const {
+    while (left_.load() > 0) std::this_thread::yield();
+  }
+  void go() { go_.store(true); }
+
+ private:
+  std::atomic<int> left_;
+  std::atomic<bool> go_{false};
+};
+
+// Warm-up: past the pipeline's filling (a thread's first cudaFree'd batches take blocks under
+// the device lock until the first batch passes its fence: 1,280 allocations for one thread, and
+// under contention from the others longer), so that the timed part is the steady state, as in
+// bench/pairs.cu's thread sweep.
+constexpr int kWarmup = 4000;
+
+static double run(DeviceAllocator& a, std::size_t size, FreeOrder order, StreamHandle stream, int iters,
+                  StartLine& start) {
   DevicePtr p = 0;
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < kWarmup; ++i) {
     a.allocate(size, stream, &p);
     a.free(p, order, stream);
   }
+  start.arrive_and_wait();
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) {
     a.allocate(size, stream, &p);
@@ -109,6 +138,7 @@ int main(int argc, char** argv) {
   std::size_t live = 0;
   const char* only = nullptr;  // --only: one free order of the mix (device|stream), or one case
   const char* trace = nullptr;
+  bool separate = false;
   TraceOptions trace_options;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only")) only = argv[++i];
@@ -116,6 +146,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     if (!std::strcmp(argv[i], "--trace")) trace = argv[++i];
+    if (!std::strcmp(argv[i], "--separate")) separate = true;
     if (!std::strcmp(argv[i], "--trace-monotonic")) trace_options.clock = TraceClockSource::kMonotonic;
   }
   if (live > 0) {
@@ -145,20 +176,32 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     if (only != nullptr && std::strcmp(only, c.name) != 0) continue;
-    const MemoryStats before = a.stats();
     std::vector<double> ns(threads);
     std::vector<std::thread> ts;
+    StartLine start(threads);
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
-        ns[t] = c.baseline ? private_loop(iters / threads)
-                           : run(a, c.size, c.order, c.stream ? 0x100 + t : kNoStream, iters / threads);
+        const StreamHandle stream = c.stream ? 0x100 + t : kNoStream;
+        if (c.baseline) {
+          start.arrive_and_wait();
+          ns[t] = private_loop(iters / threads);
+        } else if (separate) {
+          SimBackend own_sim({.host_memory = false});
+          DeviceAllocator own(own_sim, AllocatorOptions{});
+          ns[t] = run(own, c.size, c.order, stream, iters / threads, start);
+        } else {
+          ns[t] = run(a, c.size, c.order, stream, iters / threads, start);
+        }
       });
     }
+    start.wait_all();
+    const MemoryStats before = a.stats();  // locked_*: the timed part's (shared allocator only)
+    start.go();
     for (auto& t : ts) t.join();
     const double worst = *std::max_element(ns.begin(), ns.end());
     const MemoryStats after = a.stats();
-    std::printf("core name=%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f locked_allocs=%lld locked_frees=%lld\n", c.name,
-                writer ? "_traced" : "", threads, worst, threads * 1e9 / worst,
+    std::printf("core name=%s%s%s threads=%d ns_per_pair=%.1f pairs_per_s=%.0f locked_allocs=%lld locked_frees=%lld\n", c.name,
+                writer ? "_traced" : "", separate && !c.baseline ? "_separate" : "", threads, worst, threads * 1e9 / worst,
                 static_cast<long long>(after.num_locked_allocs - before.num_locked_allocs),
                 static_cast<long long>(after.num_locked_frees - before.num_locked_frees));
   }

@@ -1,0 +1,123 @@
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "allocator/fence_clock.h"
+
+using namespace cudalloc;
+
+namespace {
+
+// Device fences that are done when the test says so; recording one, or a query of one, can be
+// held open, as a driver call in progress on another thread is.
+class GatedBackend final : public SegmentBackend {
+ public:
+  std::atomic<bool> complete{false};  // fences report done
+  std::atomic<bool> hold{false};      // a record or query blocks while set
+  std::atomic<bool> inside{false};    // a record or query is blocked now
+  std::atomic<int> records{0};
+
+  void gate() {
+    inside = true;
+    while (hold) std::this_thread::yield();
+    inside = false;
+  }
+
+  class GatedFence final : public Fence {
+   public:
+    explicit GatedFence(GatedBackend& b) : b_(b) {}
+    bool done() override {
+      b_.gate();
+      return b_.complete;
+    }
+    bool wait() override { return true; }
+
+   private:
+    GatedBackend& b_;
+  };
+
+  std::unique_ptr<Fence> record_device_fence() override {
+    gate();
+    ++records;
+    return std::make_unique<GatedFence>(*this);
+  }
+  std::unique_ptr<Fence> record_fence(StreamHandle) override { return record_device_fence(); }
+  Status allocate_segment(std::size_t, DevicePtr*) override { return Status::kOutOfMemory; }
+  Status free_segment(DevicePtr, std::size_t) override { return Status::kOk; }
+  std::size_t total_memory() const override { return 0; }
+};
+
+void wait_inside(GatedBackend& b) {
+  while (!b.inside) std::this_thread::yield();
+}
+
+// Runs clock.passed(ticket) on a thread; `finished` is set when it returns.
+struct PassedCall {
+  std::atomic<bool> finished{false};
+  bool result = false;
+  std::thread thread;
+  PassedCall(FenceClock& clock, std::uint64_t ticket, GatedBackend& backend)
+      : thread([this, &clock, ticket, &backend] {
+          result = clock.passed(ticket, backend);
+          finished = true;
+        }) {}
+};
+
+}  // namespace
+
+TEST_CASE("a batch's fence being queried by another thread is waited for, not reported as not passed") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t ticket = clock.stamp();
+  clock.cover(ticket, backend);
+  REQUIRE(backend.records == 1);
+  backend.complete = true;
+  backend.hold = true;
+  std::thread querier([&] { clock.passed_now(ticket); });
+  wait_inside(backend);
+
+  PassedCall asker(clock, ticket, backend);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(asker.finished);  // waiting for the other thread's answer
+  backend.hold = false;
+  querier.join();
+  asker.thread.join();
+  CHECK(asker.result);
+  CHECK(backend.records == 1);  // no fence of its own
+}
+
+TEST_CASE("a batch's fence being recorded by another thread is waited for, then queried") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t ticket = clock.stamp();
+  backend.complete = true;
+  backend.hold = true;
+  std::thread recorder([&] { clock.cover(ticket, backend); });
+  wait_inside(backend);
+
+  PassedCall asker(clock, ticket, backend);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(asker.finished);
+  backend.hold = false;
+  recorder.join();
+  asker.thread.join();
+  CHECK(asker.result);
+  CHECK(backend.records == 1);  // the other thread's fence covered it
+}
+
+TEST_CASE("a fence the device has not passed is not waited for") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t first = clock.stamp();
+  CHECK_FALSE(clock.passed(first, backend));  // records a fence; the device is behind it
+  CHECK(backend.records == 1);
+  CHECK_FALSE(clock.passed(first, backend));  // still behind; the same fence is asked again
+  CHECK(backend.records == 1);
+  backend.complete = true;
+  CHECK(clock.passed(first, backend));
+  const std::uint64_t second = clock.stamp();  // closed after that fence: needs its own
+  CHECK(clock.passed(second, backend));
+  CHECK(backend.records == 2);
+}

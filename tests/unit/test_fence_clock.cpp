@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "allocator/fence_clock.h"
 
@@ -49,21 +50,28 @@ class GatedBackend final : public SegmentBackend {
   std::size_t total_memory() const override { return 0; }
 };
 
-void wait_inside(GatedBackend& b) {
-  while (!b.inside) std::this_thread::yield();
-}
+// Runs `other` on a thread, where the backend holds its record or query open, then
+// clock.passed(ticket) on another: that call must still be waiting 50 ms later. Releases the
+// hold and returns what passed() answered.
+template <typename F>
+bool passed_behind(FenceClock& clock, std::uint64_t ticket, GatedBackend& backend, F&& other) {
+  backend.hold = true;
+  std::thread holder(std::forward<F>(other));
+  while (!backend.inside) std::this_thread::yield();
 
-// Runs clock.passed(ticket) on a thread; `finished` is set when it returns.
-struct PassedCall {
   std::atomic<bool> finished{false};
   bool result = false;
-  std::thread thread;
-  PassedCall(FenceClock& clock, std::uint64_t ticket, GatedBackend& backend)
-      : thread([this, &clock, ticket, &backend] {
-          result = clock.passed(ticket, backend);
-          finished = true;
-        }) {}
-};
+  std::thread asker([&] {
+    result = clock.passed(ticket, backend);
+    finished = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(finished);  // waiting for the other thread's answer
+  backend.hold = false;
+  holder.join();
+  asker.join();
+  return result;
+}
 
 }  // namespace
 
@@ -74,17 +82,7 @@ TEST_CASE("a batch's fence being queried by another thread is waited for, not re
   clock.cover(ticket, backend);
   REQUIRE(backend.records == 1);
   backend.complete = true;
-  backend.hold = true;
-  std::thread querier([&] { clock.passed_now(ticket); });
-  wait_inside(backend);
-
-  PassedCall asker(clock, ticket, backend);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK_FALSE(asker.finished);  // waiting for the other thread's answer
-  backend.hold = false;
-  querier.join();
-  asker.thread.join();
-  CHECK(asker.result);
+  CHECK(passed_behind(clock, ticket, backend, [&] { clock.passed_now(ticket); }));
   CHECK(backend.records == 1);  // no fence of its own
 }
 
@@ -93,17 +91,7 @@ TEST_CASE("a batch's fence being recorded by another thread is waited for, then 
   FenceClock clock;
   const std::uint64_t ticket = clock.stamp();
   backend.complete = true;
-  backend.hold = true;
-  std::thread recorder([&] { clock.cover(ticket, backend); });
-  wait_inside(backend);
-
-  PassedCall asker(clock, ticket, backend);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK_FALSE(asker.finished);
-  backend.hold = false;
-  recorder.join();
-  asker.thread.join();
-  CHECK(asker.result);
+  CHECK(passed_behind(clock, ticket, backend, [&] { clock.cover(ticket, backend); }));
   CHECK(backend.records == 1);  // the other thread's fence covered it
 }
 

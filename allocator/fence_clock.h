@@ -8,10 +8,13 @@
 // serializes) few under many threads.
 //
 // Recording and querying are driver calls of microseconds: they run outside the spin lock,
-// which only guards the bookkeeping.
+// which only guards the bookkeeping. A ticket's stamp and the answer "already past" take no
+// lock: under 8 threads of cudaMalloc pairs on the H100 host, spinning on this lock was half of
+// the samples of a thread-cache refill.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -25,11 +28,9 @@ namespace cudalloc {
 
 class FenceClock {
  public:
-  // A ticket for a batch closed now.
-  std::uint64_t stamp() {
-    std::lock_guard lock(lock_);
-    return next_ticket_++;
-  }
+  // A ticket for a batch closed now. (Acquire-release: a fence recorded once cover() has read
+  // the ticket comes after the batch's frees.)
+  std::uint64_t stamp() { return next_ticket_.fetch_add(1, std::memory_order_acq_rel); }
 
   // Whether every batch up to `ticket` is past its fence (or behind one that orders reuse,
   // backend.h). Records a device fence if none covering `ticket` exists yet. Never waits for the
@@ -50,9 +51,10 @@ class FenceClock {
   // a query another thread is making is waited for, then the fences are queried here; without,
   // only what the others found so far counts.
   bool passed_now(std::uint64_t ticket, bool wait = false) {
-    retire_done(wait);
-    std::lock_guard lock(lock_);
-    return ticket <= done_through_;
+    // Known already: no lock, and no query of a newer fence that this ticket does not need.
+    if (known_past(ticket)) return true;
+    retire_done(ticket, wait);
+    return known_past(ticket);
   }
 
   // Makes sure a fence covering `ticket` is recorded (without waiting for it). A thread calls
@@ -63,9 +65,9 @@ class FenceClock {
     std::uint64_t want = 0;
     {
       std::lock_guard lock(lock_);
-      if (ticket <= done_through_ || covered_ >= ticket || recording_) return;
+      if (ticket <= done_through() || covered_ >= ticket || recording_) return;
       recording_ = true;
-      want = next_ticket_ - 1;
+      want = next_ticket_.load(std::memory_order_acquire) - 1;
     }
     auto fence = backend.record_device_fence();
     std::lock_guard lock(lock_);
@@ -77,7 +79,7 @@ class FenceClock {
   void clear() {
     std::lock_guard lock(lock_);
     recorded_.clear();
-    covered_ = done_through_;
+    covered_ = done_through();
   }
 
  private:
@@ -91,17 +93,21 @@ class FenceClock {
     for (;;) {
       {
         std::lock_guard lock(lock_);
-        if (!recording_ || ticket <= done_through_ || covered_ >= ticket) return;
+        if (!recording_ || ticket <= done_through() || covered_ >= ticket) return;
       }
       std::this_thread::yield();
     }
   }
 
+  bool known_past(std::uint64_t ticket) const { return ticket <= done_through_.load(std::memory_order_acquire); }
+
   // Fences complete in order of recording only per stream: they are checked oldest first, so
-  // done_through_ only moves forward over completed fences. One thread queries at a time
-  // (querying_); the others read what it found, or with `wait` wait for it and go on.
-  void retire_done(bool wait = false) {
+  // done_through_ only moves forward over completed fences, and only until `ticket` is past.
+  // One thread queries at a time (querying_); the others read what it found, or with `wait`
+  // wait for it and go on.
+  void retire_done(std::uint64_t ticket, bool wait) {
     for (;;) {
+      if (known_past(ticket)) return;
       std::shared_ptr<Fence> oldest;
       std::uint64_t covers = 0;
       bool busy = false;
@@ -126,15 +132,18 @@ class FenceClock {
       if (!done) return;
       // clear() may have run meanwhile: only retire what is still the oldest.
       if (!recorded_.empty() && recorded_.front().fence == oldest) {
-        done_through_ = std::max(done_through_, covers);
+        done_through_.store(std::max(done_through(), covers), std::memory_order_release);
         recorded_.pop_front();
       }
     }
   }
 
+  // Written under lock_ only.
+  std::uint64_t done_through() const { return done_through_.load(std::memory_order_relaxed); }
+
   SpinLock lock_;
-  std::uint64_t next_ticket_ = 1;
-  std::uint64_t done_through_ = 0;
+  std::atomic<std::uint64_t> next_ticket_{1};
+  std::atomic<std::uint64_t> done_through_{0};
   std::uint64_t covered_ = 0;  // the newest ticket a recorded fence covers
   bool recording_ = false;
   bool querying_ = false;

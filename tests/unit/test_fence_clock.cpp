@@ -19,6 +19,7 @@ class GatedBackend final : public SegmentBackend {
   std::atomic<bool> hold{false};      // a record or query blocks while set
   std::atomic<bool> inside{false};    // a record or query is blocked now
   std::atomic<int> records{0};
+  std::atomic<int> queries{0};
 
   void gate() {
     inside = true;
@@ -30,6 +31,7 @@ class GatedBackend final : public SegmentBackend {
    public:
     explicit GatedFence(GatedBackend& b) : b_(b) {}
     bool done() override {
+      ++b_.queries;
       b_.gate();
       return b_.complete;
     }
@@ -108,4 +110,22 @@ TEST_CASE("a fence the device has not passed is not waited for") {
   const std::uint64_t second = clock.stamp();  // closed after that fence: needs its own
   CHECK(clock.passed(second, backend));
   CHECK(backend.records == 2);
+}
+
+TEST_CASE("a ticket known past asks nothing of the device, even while newer fences are pending") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t first = clock.stamp();
+  backend.complete = true;
+  CHECK(clock.passed(first, backend));
+  const int queries = backend.queries;
+  const std::uint64_t second = clock.stamp();
+  clock.cover(second, backend);  // a newer fence, not done yet
+  backend.complete = false;
+  CHECK(clock.passed_now(first));
+  CHECK(clock.passed(first, backend));
+  CHECK(backend.queries == queries);
+  CHECK(backend.records == 2);
+  CHECK_FALSE(clock.passed_now(second));  // that one is still asked about
+  CHECK(backend.queries == queries + 1);
 }

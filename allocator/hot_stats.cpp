@@ -25,12 +25,13 @@ void HotStats::fold_into(MemoryStats& into) {
                                                  &MemoryStats::requested_bytes};
   Values all_current{};
   Values all_added{};
-  for (std::size_t p = 0; p < pools_.size(); ++p) {
+  for (const PoolKind kind : {PoolKind::kSmall, PoolKind::kLarge}) {
+    const std::size_t p = slot_of(kind);
     if ((touched_ & (1u << p)) == 0) continue;
     const Pool& d = pools_[p];
     const Values current = d.currents();
     const Values added = d.added();
-    const std::size_t index = stat_index(p == 0 ? PoolKind::kSmall : PoolKind::kLarge);
+    const std::size_t index = stat_index(kind);
     for (std::size_t q = 0; q < kQuantities; ++q) {
       add_delta((into.*arrays[q])[index], current[q], d.peak[q], added[q]);
       all_current[q] += current[q];

@@ -72,8 +72,11 @@ class HotStats {
     Values added() const { return {allocs, allocs, alloc_bytes, alloc_bytes, alloc_requested}; }
   };
 
+  // pools_' slot of a pool kind (its stats are at stat_index(kind)).
+  static constexpr std::size_t slot_of(PoolKind kind) { return kind == PoolKind::kSmall ? 0 : 1; }
+
   CUDALLOC_INLINE Pool& touch(const Block* b) {
-    const std::size_t p = b->pool == PoolKind::kSmall ? 0 : 1;
+    const std::size_t p = slot_of(b->pool);
     if (touched_ != 1u << p) [[unlikely]] note_pool(p);
     return pools_[p];
   }

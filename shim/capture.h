@@ -38,6 +38,16 @@ class CaptureTracker {
   bool park(const ParkedFree& f, bool* duplicate);
   // Forgets parked frees of a context that is gone.
   void drop_owner(ContextState* owner);
+  // Runs `f` unless a capture is on; no capture begins while it runs (begin() waits). For
+  // driver calls that a capture beginning on another thread must not meet, such as a stream
+  // query, which would invalidate it. False, without running `f`, while one is on.
+  template <typename F>
+  bool unless_capturing(F&& f) {
+    std::lock_guard lock(mutex_);
+    if (any()) return false;
+    f();
+    return true;
+  }
 
  private:
   std::atomic<int> active_{0};

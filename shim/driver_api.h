@@ -20,6 +20,7 @@ namespace cudalloc::shim {
   X(cuCtxPopCurrent_v2, CUresult(CUcontext*))                                                  \
   X(cuCtxSynchronize, CUresult())                                                              \
   X(cuStreamSynchronize, CUresult(CUstream))                                                    \
+  X(cuStreamQuery, CUresult(CUstream))                                                          \
   X(cuCtxDestroy, CUresult(CUcontext))                                                         \
   X(cuCtxDestroy_v2, CUresult(CUcontext))                                                      \
   X(cuDevicePrimaryCtxRetain, CUresult(CUcontext*, CUdevice))                                  \

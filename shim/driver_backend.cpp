@@ -28,6 +28,26 @@ bool event_done(CUevent e) {
   return driver().cuEventQuery(e) != CUDA_ERROR_NOT_READY;
 }
 
+// Whether a non-blocking stream has nothing queued that has not run: then no work queued
+// before a free can still use its block there, and a device fence needs no event on it (nor a
+// query of one later). Idle streams are common: a library's spare streams, a thread's stream
+// between its launches. A stream found busy records events without being asked for the next
+// kBusyFences fences, so a program whose streams are always busy pays a query per stream
+// only that often. (Unlike an event, the query says nothing of blocking streams: the legacy
+// stream keeps its event.)
+constexpr std::uint8_t kBusyFences = 8;
+bool stream_idle(StreamInfo& s, CUstream handle) {
+  const DriverApi& d = driver();
+  if (d.cuStreamQuery == nullptr) return false;
+  if (const std::uint8_t skip = s.busy_fences.load(std::memory_order_relaxed); skip != 0) {
+    s.busy_fences.store(static_cast<std::uint8_t>(skip - 1), std::memory_order_relaxed);
+    return false;
+  }
+  const CUresult r = d.cuStreamQuery(handle);
+  if (r == CUDA_ERROR_NOT_READY) s.busy_fences.store(kBusyFences, std::memory_order_relaxed);
+  return r == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // The last work of a non-blocking stream destroyed with work still queued.
@@ -299,7 +319,9 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   auto fence = std::make_unique<EventFence>(this);
-  std::vector<CUstream> targets{CU_STREAM_LEGACY};
+  // The legacy stream (whose event also waits for blocking and per-thread streams) and every
+  // non-blocking stream, with its info.
+  std::vector<std::pair<CUstream, StreamInfo*>> targets{{CU_STREAM_LEGACY, nullptr}};
   std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
   // The order mark, if there is none yet (it is only set, under the lock, once per context).
   CUevent spare = order_mark_.load(std::memory_order_relaxed) == nullptr ? take_event() : nullptr;
@@ -307,7 +329,7 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     std::lock_guard lock(mutex_);
     bool independent = false;  // a non-blocking stream not ordered with the legacy one
     for (StreamInfo* s : non_blocking_) {
-      targets.push_back(s->handle);
+      targets.emplace_back(s->handle, s);
       independent = independent || !s->helper.load(std::memory_order_relaxed);
     }
     for (auto& t : tails_) {
@@ -331,16 +353,27 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   }
   give_event(spare);
   if (fence->ordered) return fence;
-  for (CUstream s : targets) {
-    CUevent e = take_event();
-    const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);
-    if (r == CUDA_SUCCESS) {
-      fence->events.push_back(e);
-      continue;
+  CUresult failed = CUDA_SUCCESS;
+  // Under the capture lock: a capture that began on one of these streams after the caller's
+  // check would be invalidated by the query, and would swallow the event.
+  const bool recorded = captures_.unless_capturing([&] {
+    for (const auto& [s, info] : targets) {
+      if (info != nullptr && stream_idle(*info, s)) continue;
+      CUevent e = take_event();
+      const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);
+      if (r == CUDA_SUCCESS) {
+        fence->events.push_back(e);
+        continue;
+      }
+      give_event(e);
+      failed = r;
+      return;
     }
-    give_event(e);
-    if (r == CUDA_ERROR_DEINITIALIZED) return std::make_unique<DoneFence>();
-    log_debug("device fence: cannot record an event (error %d); falling back to a synchronize", r);
+  });
+  if (!recorded) return std::make_unique<DeferredFence>(this);
+  if (failed == CUDA_ERROR_DEINITIALIZED) return std::make_unique<DoneFence>();
+  if (failed != CUDA_SUCCESS) {
+    log_debug("device fence: cannot record an event (error %d); falling back to a synchronize", failed);
     return std::make_unique<SyncFence>(this);
   }
   return fence;

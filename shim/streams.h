@@ -25,6 +25,9 @@ struct StreamInfo {
   // A non-blocking stream that a library forks onto from its caller's stream and joins back
   // (helper_streams.h): ordered with the caller's stream. Cleared if it meets a memory call.
   std::atomic<bool> helper{false};
+  // Device fences still to record an event here without asking first whether the stream is
+  // idle: one found busy is not asked again for a while (driver_backend.cpp).
+  std::atomic<std::uint8_t> busy_fences{0};
 };
 
 inline StreamHandle key_of(const StreamInfo* s) { return reinterpret_cast<StreamHandle>(s); }

@@ -257,6 +257,38 @@ TEST_CASE("a late write on a non-blocking stream never corrupts the next owner",
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
 }
 
+TEST_CASE("a device fence asks idle non-blocking streams instead of recording events on them", "[race][own-process]") {
+  Client& c = client::client();
+  CUstream a = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUstream b = make_stream(c, CU_STREAM_NON_BLOCKING);
+  auto pairs = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      CUdeviceptr p = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&p, 64 << 10) == CUDA_SUCCESS);
+      REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    }
+  };
+  // Both idle: each fence records the legacy stream's event and queries a and b.
+  c.reset_stats();
+  pairs(2048);
+  const std::uint64_t fences = c.call_count("cuEventRecord");
+  REQUIRE(fences > 0);
+  CHECK(c.call_count("cuStreamQuery") == 2 * fences);
+  // `a` busy for the whole loop: each fence records an event on it too. It is queried at the
+  // first fence and then once per 9 (the 8 after a busy answer record without asking).
+  REQUIRE(c.launch_sleep(a, 1000000) == CUDA_SUCCESS);
+  c.reset_stats();
+  pairs(1024);
+  const std::uint64_t records = c.call_count("cuEventRecord");
+  REQUIRE(records > 0);
+  CHECK(records % 2 == 0);
+  const std::uint64_t busy_fences = records / 2;
+  CHECK(c.call_count("cuStreamQuery") == busy_fences + (busy_fences + 8) / 9);
+  REQUIRE(c.api.cuStreamSynchronize(a) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(a) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(b) == CUDA_SUCCESS);
+}
+
 TEST_CASE("a late write on a green context's stream never corrupts the next owner", "[race]") {
   Client& c = client::client();
   // Programs reach it by name (the runtime does not look it up): our hook, through dlsym.

@@ -99,7 +99,9 @@ class FenceClock {
     }
   }
 
-  bool known_past(std::uint64_t ticket) const { return ticket <= done_through_.load(std::memory_order_acquire); }
+  bool known_past(std::uint64_t ticket) const {
+    return ticket <= done_through_.load(std::memory_order_acquire);
+  }
 
   // Fences complete in order of recording only per stream: they are checked oldest first, so
   // done_through_ only moves forward over completed fences, and only until `ticket` is past.

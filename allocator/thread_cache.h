@@ -38,9 +38,10 @@ class ThreadCache {
   static constexpr std::size_t kBins = 32;
   static constexpr std::size_t kDepth = 64;
   // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
-  // device fence (an event per busy stream, then a query: 0.9-1.6 us on the H100 host) is shared. A
-  // thread that allocates and frees in a loop has one batch outstanding at a time, so this is
-  // also the number of pairs per fence. A batch refills a bin kDepth blocks at a time.
+  // device fence (events on the legacy stream and on each busy one, then a query: 0.9-1.6 us on
+  // the H100 host) is shared. A thread that allocates and frees in a loop has one batch
+  // outstanding at a time, so this is also the number of pairs per fence. A batch refills a bin
+  // kDepth blocks at a time.
   static constexpr std::size_t kBatchBlocks = 256;
   static constexpr std::size_t kBatchBytes = 16 * kMiB;
   // Past this many closed batches the owner hands the older ones to the device allocator.

@@ -56,6 +56,9 @@ def load_cli():
     return mod
 
 
+# What the evil pickle's command prints if a reader ever runs it (see seeds()).
+PWNED_MARK = "PWNED-BY-42"
+
 HOSTILE = [b"", b"-1", b"0", b"18446744073709551615", b"18446744073709551616", b"99999999999999999999999",
            b"0x", b"0xffffffffffffffffffff", b"nan", b"inf", b"-0", b"1e400", b"\xff\xfe", b"\x00",
            b"A" * 5000, b",,,,", b"\"", b"'", b"=", b"nvtx=" + b"/" * 300, b"stack=" + b"0x1;" * 200,
@@ -77,9 +80,11 @@ def seeds():
             head = b"".join(f.readline() for _ in range(400))
         out.append(("demo-training.trace[:400 lines]", head))
     # A pickle that would run a command if the snapshot reader were not restricted.
+    # The shell computes the marker (PWNED_MARK): a reader's error message that quotes the
+    # input holds the command's text, never its output.
     class Evil:
         def __reduce__(self):
-            return (os.system, ("echo PWNED-BY-PICKLE >&2",))
+            return (os.system, ("echo PWNED-BY-$((6*7)) >&2",))
     out.append(("evil.pickle", pickle.dumps({"segments": [], "device_traces": [[Evil()]]})))
     return out
 
@@ -209,7 +214,7 @@ def run_subprocess_checks(path, tmp, replay_bin):
         r = subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120,
                            preexec_fn=lift_memory_limit)
         err = r.stderr.decode(errors="replace")
-        if r.returncode not in (0, 2) or "Traceback" in err or "internal error" in err or "PWNED" in err:
+        if r.returncode not in (0, 2) or "Traceback" in err or "internal error" in err or PWNED_MARK in err:
             raise Failure("%s: exit %d, stderr %s" % (" ".join(c[1:3]), r.returncode, err[-1500:]))
 
 

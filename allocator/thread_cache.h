@@ -38,8 +38,8 @@ class ThreadCache {
   static constexpr std::size_t kBins = 32;
   static constexpr std::size_t kDepth = 64;
   // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
-  // device fence (events on the legacy stream and on each busy one, then a query: 0.9-1.6 us on
-  // the H100 host) is shared. A thread that allocates and frees in a loop has one batch
+  // device fence (events on the legacy stream and on each busy one, then a query: microseconds
+  // of driver calls) is shared. A thread that allocates and frees in a loop has one batch
   // outstanding at a time, so this is also the number of pairs per fence. A batch refills a bin
   // kDepth blocks at a time.
   static constexpr std::size_t kBatchBlocks = 256;

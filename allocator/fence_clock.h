@@ -2,8 +2,8 @@
 //
 // A batch is stamped with a ticket when it is closed. A device fence recorded afterwards covers
 // every batch closed before it, whichever thread closed it, so threads need not each record
-// their own: a thread closing a batch makes sure an older batch of its own is covered
-// (cover()), and one whose bins run dry records a fence if none covers what it needs
+// their own: a thread closing a batch makes sure it is covered (cover()), and one whose
+// bins run dry records a fence if none covers what it needs
 // (passed()); either way the others find it. That keeps event records (which the driver
 // serializes) few under many threads.
 //
@@ -58,28 +58,43 @@ class FenceClock {
   }
 
   // Makes sure a fence covering `ticket` is recorded (without waiting for it). A thread calls
-  // it for an older batch when it closes a new one: by the time its bins run dry and it needs
-  // that batch, the fence has had a few batches' worth of time to complete. A fence recorded
-  // only when the bins are already dry is seldom done at once, and the miss takes the lock.
+  // it for the batch it just closed: by the time its bins run dry and it needs that batch, the
+  // fence has had a batch's worth of pairs to complete. A fence recorded only when the bins are
+  // already dry is seldom done at once, and the miss takes the device lock. While another
+  // thread is recording, the ticket is left to it: that thread records once more before it
+  // returns, covering every batch asked for meanwhile with one fence, and nobody waits. (Only
+  // once more: under many threads batches close faster than fences record, and the recorder
+  // has pairs of its own to serve. What is still uncovered then goes with the next cover(),
+  // or with passed() when a thread needs it.)
   void cover(std::uint64_t ticket, SegmentBackend& backend) {
     std::uint64_t want = 0;
     {
       std::lock_guard lock(lock_);
-      if (ticket <= done_through() || covered_ >= ticket || recording_) return;
+      if (past_or_covered(ticket)) return;
+      wanted_ = std::max(wanted_, ticket);
+      if (recording_) return;
       recording_ = true;
       want = next_ticket_.load(std::memory_order_acquire) - 1;
     }
-    auto fence = backend.record_device_fence();
-    std::lock_guard lock(lock_);
-    recorded_.push_back(Recorded{want, std::shared_ptr<Fence>(std::move(fence))});
-    covered_ = want;
-    recording_ = false;
+    for (int round = 0;; ++round) {
+      auto fence = backend.record_device_fence();
+      std::lock_guard lock(lock_);
+      recorded_.push_back(Recorded{want, std::shared_ptr<Fence>(std::move(fence))});
+      covered_ = want;
+      if (wanted_ <= covered_ || round == 1) {
+        recording_ = false;
+        return;
+      }
+      // Stamped before this load: a fence recorded from here on covers it.
+      want = next_ticket_.load(std::memory_order_acquire) - 1;
+    }
   }
 
   void clear() {
     std::lock_guard lock(lock_);
     recorded_.clear();
     covered_ = done_through();
+    wanted_ = covered_;  // a recording in flight does not go round again for what was dropped
   }
 
  private:
@@ -93,7 +108,7 @@ class FenceClock {
     for (;;) {
       {
         std::lock_guard lock(lock_);
-        if (!recording_ || ticket <= done_through() || covered_ >= ticket) return;
+        if (!recording_ || past_or_covered(ticket)) return;
       }
       std::this_thread::yield();
     }
@@ -140,13 +155,20 @@ class FenceClock {
     }
   }
 
+  // Under lock_: nothing more to record for `ticket`.
+  bool past_or_covered(std::uint64_t ticket) const { return ticket <= done_through() || covered_ >= ticket; }
+
   // Written under lock_ only.
   std::uint64_t done_through() const { return done_through_.load(std::memory_order_relaxed); }
 
-  SpinLock lock_;
-  std::atomic<std::uint64_t> next_ticket_{1};
-  std::atomic<std::uint64_t> done_through_{0};
+  // Three lines: every thread stamps next_ticket_ when it closes a batch, reads done_through_
+  // when it refills, and takes lock_ when it covers or queries; sharing a line, each of these
+  // would miss after every other thread's.
+  alignas(64) std::atomic<std::uint64_t> next_ticket_{1};
+  alignas(64) std::atomic<std::uint64_t> done_through_{0};
+  alignas(64) SpinLock lock_;
   std::uint64_t covered_ = 0;  // the newest ticket a recorded fence covers
+  std::uint64_t wanted_ = 0;   // the newest ticket cover() was asked for
   bool recording_ = false;
   bool querying_ = false;
   std::deque<Recorded> recorded_;

@@ -18,8 +18,6 @@ namespace {
 
 using Impl = DeviceAllocator::Impl;
 
-constexpr std::size_t kCoverLag = 4;
-
 // Whether a large block, reusable at once, goes to the freeing thread's bins: only a whole plain
 // segment freed by the thread that took it. A whole segment has no neighbours to keep from
 // coalescing (parking split blocks cost vit-train's replay 1.1% of utilization: the bins hand
@@ -272,7 +270,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async, false, /*local=*/found_own);
     bool cached = false;
     bool hand_over = false;
-    std::uint64_t cover_ticket = 0;  // an older batch's, fenced outside the cache's lock
+    std::uint64_t cover_ticket = 0;  // a batch closed here, fenced outside the cache's lock
     cache.delta().free(b, m.sizes.is_oversize(b->size));
     if (reusable) {
       cache.delta().inactive(b);
@@ -288,11 +286,12 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
       // batch closed so far (fence_clock.h). Too many outstanding batches go to the
       // allocator instead.
       if (cache.batch_due()) {
-        cache.close_batch(m.batch_fences.stamp());
-        const auto& batches = cache.batches();
-        // A fence costs microseconds (an event per stream); covering the batch three back
-        // records one per four batches, still well before the bins need that batch.
-        if (batches.size() >= kCoverLag) cover_ticket = batches[batches.size() - kCoverLag].ticket;
+        // Covered at once: a loop keeps about one batch outstanding, needed when its bins
+        // next run dry, and a fence recorded only then is not yet done. (Covering the batch
+        // three back, as before, never fired in a loop: the fence was recorded by the refill
+        // that needed it.)
+        cover_ticket = m.batch_fences.stamp();
+        cache.close_batch(cover_ticket);
       }
       hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
     }

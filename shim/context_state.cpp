@@ -32,9 +32,9 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     // Never freed: other threads may still hold it, and nothing is given back at exit.
     state = new ContextState(ctx, dev, options_, captures_);
     state->allocator.set_observer(allocator_observer());
-    auto* next = new std::vector<ContextState*>(live());
-    next->push_back(state);
-    several = next->size() > 1;
+    auto* next = new ContextList{live()};
+    next->states.push_back(state);
+    several = next->states.size() > 1;
     snapshot_.store(next, std::memory_order_release);
     log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
   }
@@ -62,8 +62,8 @@ void ContextRegistry::drop(CUcontext ctx) {
     std::lock_guard lock(mutex_);
     state = find(ctx);
     if (state == nullptr) return;
-    auto* next = new std::vector<ContextState*>(live());
-    std::erase(*next, state);
+    auto* next = new ContextList{live()};
+    std::erase(next->states, state);
     snapshot_.store(next, std::memory_order_release);
   }
   state->backend.mark_dead();

@@ -12,7 +12,9 @@
 
 namespace cudalloc::shim {
 
-struct Runtime {
+// Whole cache lines (every cudaFree reads config.free_sync): a heap neighbour's writes never
+// evict it.
+struct alignas(64) Runtime {
   Config config;
   bool passthrough = false;
 };

@@ -26,8 +26,10 @@ struct StreamInfo {
   // (helper_streams.h): ordered with the caller's stream. Cleared if it meets a memory call.
   std::atomic<bool> helper{false};
   // Device fences still to record an event here without asking first whether the stream is
-  // idle: one found busy is not asked again for a while (driver_backend.cpp).
-  std::atomic<std::uint8_t> busy_fences{0};
+  // idle: one found busy is not asked again for a while (driver_backend.cpp). On a line of its
+  // own: every thread's fences write it, while the stream's own thread reads the fields above
+  // on each call.
+  alignas(64) std::atomic<std::uint8_t> busy_fences{0};
 };
 
 inline StreamHandle key_of(const StreamInfo* s) { return reinterpret_cast<StreamHandle>(s); }

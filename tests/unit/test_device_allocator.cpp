@@ -305,9 +305,8 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
   for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(4096));
   f.sim.enqueue(kStreamA);  // device work queued before the frees
   for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
-  CHECK(f.sim.device_fences() == 0);  // recorded when first needed
-  // The next miss records one fence for the whole batch; while it is pending, the batch is
-  // not reused.
+  CHECK(f.sim.device_fences() == 1);  // one for the whole batch, recorded when it closed
+  // While it is pending, the batch is not reused, and the miss records no other fence.
   const auto hits_before = f.stat("num_cache_hits");
   DevicePtr fresh = f.get(4096);
   CHECK(f.sim.device_fences() == 1);
@@ -325,8 +324,8 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
 }
 
 TEST_CASE("a loop of cudaMalloc+cudaFree pairs records one device fence per batch") {
-  // One batch is outstanding at a time; it refills the bin kDepth blocks at a time, and only
-  // its first refill needs a fence. The blocks of the first batch serve every later pair.
+  // One batch is outstanding at a time; its fence is recorded when it closes, and it refills
+  // the bin kDepth blocks at a time. The blocks of the first batch serve every later pair.
   Fixture f;
   constexpr std::size_t kBatches = 8;
   for (std::size_t i = 0; i < kBatches * ThreadCache::kBatchBlocks; ++i) {
@@ -382,11 +381,10 @@ TEST_CASE("a small miss leaves other threads' caches alone unless memory is shor
   }
 }
 
-TEST_CASE("threads share the device fences of their batches") {
+TEST_CASE("threads' batches are fenced when they close, and their refills record no more fences") {
   Fixture f;
   constexpr int kThreads = 4;
   std::vector<std::vector<DevicePtr>> mine(kThreads);
-  // Each thread closes a batch of cudaFree'd blocks; none records a fence yet.
   std::vector<std::thread> ts;
   std::atomic<int> allocated{0};
   std::atomic<int> closed{0};
@@ -402,18 +400,23 @@ TEST_CASE("threads share the device fences of their batches") {
       for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
       closed++;
       while (!go) std::this_thread::yield();
-      // The first thread to miss records one fence covering every batch closed so far.
       for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) mine[t].push_back(f.get(8192));
     });
   }
   while (closed < kThreads) std::this_thread::yield();
-  CHECK(f.sim.device_fences() == 0);
+  // One fence a batch at most; fewer where a batch closed while another thread was recording
+  // (that thread's fence covers it: test_fence_clock.cpp).
+  const int fences = f.sim.device_fences();
+  CHECK(fences >= 1);
+  CHECK(fences <= kThreads);
+  const auto locked = f.stat("num_locked_allocs");
   go = true;
   for (auto& th : ts) th.join();
-  CHECK(f.sim.device_fences() == 1);
+  CHECK(f.sim.device_fences() == fences);
   std::set<DevicePtr> all;
   for (auto& v : mine) all.insert(v.begin(), v.end());
   CHECK(all.size() == kThreads * ThreadCache::kBatchBlocks);  // no block handed out twice
+  CHECK(f.stat("num_locked_allocs") == locked);  // every refill found its batch past its fence
 }
 
 TEST_CASE("freed neighbours coalesce into one block") {

@@ -129,3 +129,45 @@ TEST_CASE("a ticket known past asks nothing of the device, even while newer fenc
   CHECK_FALSE(clock.passed_now(second));  // that one is still asked about
   CHECK(backend.queries == queries + 1);
 }
+
+TEST_CASE("batches closed while another thread records are covered by that thread, without waiting") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t first = clock.stamp();
+  backend.hold = true;
+  std::thread recorder([&] { clock.cover(first, backend); });
+  while (!backend.inside) std::this_thread::yield();
+  // Two more batches close while that fence is being recorded: neither thread waits for it.
+  const std::uint64_t second = clock.stamp();
+  const std::uint64_t third = clock.stamp();
+  std::atomic<int> returned{0};
+  std::thread a([&] { clock.cover(second, backend); ++returned; });
+  std::thread b([&] { clock.cover(third, backend); ++returned; });
+  a.join();
+  b.join();
+  CHECK(returned == 2);
+  CHECK(backend.records == 0);  // the first is still being recorded
+  backend.hold = false;
+  recorder.join();
+  // The recorder went round once more: one fence for both.
+  CHECK(backend.records == 2);
+  backend.complete = true;
+  CHECK(clock.passed(third, backend));
+  CHECK(clock.passed_now(second));
+  CHECK(backend.records == 2);
+}
+
+TEST_CASE("a covered batch records nothing more, and an uncovered one is recorded at once") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t first = clock.stamp();
+  const std::uint64_t second = clock.stamp();
+  clock.cover(second, backend);  // covers every batch closed so far
+  CHECK(backend.records == 1);
+  clock.cover(first, backend);
+  clock.cover(second, backend);
+  CHECK(backend.records == 1);
+  const std::uint64_t third = clock.stamp();
+  clock.cover(third, backend);
+  CHECK(backend.records == 2);
+}

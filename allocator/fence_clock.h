@@ -67,16 +67,16 @@ class FenceClock {
   // has pairs of its own to serve. What is still uncovered then goes with the next cover(),
   // or with passed() when a thread needs it.)
   void cover(std::uint64_t ticket, SegmentBackend& backend) {
-    std::uint64_t want = 0;
     {
       std::lock_guard lock(lock_);
       if (past_or_covered(ticket)) return;
       wanted_ = std::max(wanted_, ticket);
       if (recording_) return;
       recording_ = true;
-      want = next_ticket_.load(std::memory_order_acquire) - 1;
     }
     for (int round = 0;; ++round) {
+      // Every ticket stamped before this load: the fence recorded next covers it.
+      const std::uint64_t want = next_ticket_.load(std::memory_order_acquire) - 1;
       auto fence = backend.record_device_fence();
       std::lock_guard lock(lock_);
       recorded_.push_back(Recorded{want, std::shared_ptr<Fence>(std::move(fence))});
@@ -85,8 +85,6 @@ class FenceClock {
         recording_ = false;
         return;
       }
-      // Stamped before this load: a fence recorded from here on covers it.
-      want = next_ticket_.load(std::memory_order_acquire) - 1;
     }
   }
 

@@ -1,10 +1,12 @@
 // Allocate+free pair latency, the way legacy CUDA codes call it (static runtime by default).
-//   pairs [--async] [--driver] [--iters N] [--size BYTES] [--threads T] [--mix LIVE]
+//   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T] [--mix LIVE]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
 // log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
 // its own non-blocking stream and the line gives the total throughput in pairs per second.
+// --repeat N times each size N times in one process, each timing between two runs of a fixed
+// CPU loop (reference_before_ns, reference_after_ns): scripts/pair-over-time reads them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -74,7 +76,31 @@ static void release(void* p, bool async, cudaStream_t s) {
 
 constexpr int kWindow = 8;
 
-static void pairs(size_t size, bool async, int iters) {
+// A fixed piece of CPU work with no CUDA in it (core_pairs' private_loop: a locked update of a
+// 256 KiB table), timed around each --repeat timing: on a virtual machine whose host has slow
+// periods, this slows with them (H200 host: 7.7-8.1 ns quiet, 9-11 ns in a slow period).
+static double reference_ns() {
+  constexpr size_t kSlots = 32768;
+  constexpr int kIters = 200000;
+  static std::vector<uint64_t> table(kSlots);
+  std::atomic<bool> lock{false};
+  uint64_t x = 88172645463325252ull;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kIters; ++i) {
+    while (lock.exchange(true, std::memory_order_acquire)) {
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    table[x & (kSlots - 1)] += x;
+    lock.store(false, std::memory_order_release);
+  }
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kIters;
+}
+
+// With `repeats` > 1 each timing is printed with reference_ns() measured just before and just
+// after it, so that a slow timing can be told apart from a slow host.
+static void pairs(size_t size, bool async, int iters, int repeats) {
   cudaStream_t s = nullptr;
   if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   // Warm up for 50 ms: right after context creation the driver's own threads are still busy
@@ -84,14 +110,20 @@ static void pairs(size_t size, bool async, int iters) {
   }
   const int windows = std::max(1, iters / kWindow);
   std::vector<double> ns(windows);
-  for (int w = 0; w < windows; ++w) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < kWindow; ++i) release(alloc(size, async, s), async, s);
-    ns[w] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow;
+  for (int r = 0; r < repeats; ++r) {
+    const double before = repeats > 1 ? reference_ns() : 0;
+    for (int w = 0; w < windows; ++w) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < kWindow; ++i) release(alloc(size, async, s), async, s);
+      ns[w] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow;
+    }
+    const double after = repeats > 1 ? reference_ns() : 0;
+    std::sort(ns.begin(), ns.end());
+    std::printf("pair size=%zu async=%d%s median_ns=%.0f p99_ns=%.0f", size, async, drv.on ? " driver=1" : "",
+                ns[windows / 2], ns[static_cast<size_t>(windows * 0.99)]);
+    if (repeats > 1) std::printf(" reference_before_ns=%.2f reference_after_ns=%.2f", before, after);
+    std::printf("\n");
   }
-  std::sort(ns.begin(), ns.end());
-  std::printf("pair size=%zu async=%d%s median_ns=%.0f p99_ns=%.0f\n", size, async, drv.on ? " driver=1" : "",
-              ns[windows / 2], ns[static_cast<size_t>(windows * 0.99)]);
   if (s) cudaStreamDestroy(s);
 }
 
@@ -153,6 +185,7 @@ int main(int argc, char** argv) {
   bool async = false;
   int iters = 20000, nthreads = 0;
   size_t live = 0, only_size = 0;  // --size N: the pairs of that size only
+  int repeat = 1;  // --repeat N: time each size N times in this process, between reference_ns() runs
   bool probe = false;  // what one cuCtxGetCurrent costs (the shim asks it per cudaMalloc)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
@@ -161,6 +194,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--driver")) drv.on = true;
     else if (!std::strcmp(argv[i], "--probe")) probe = true;
+    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
   }
   cudaFree(nullptr);  // create the context outside the timings
@@ -217,7 +251,7 @@ int main(int argc, char** argv) {
   } else {
     for (size_t size : {size_t{512}, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
       if (only_size != 0 && size != only_size) continue;
-      pairs(size, async, size >= (size_t{256} << 20) ? iters / 10 : iters);
+      pairs(size, async, size >= (size_t{256} << 20) ? iters / 10 : iters, repeat);
     }
   }
   return 0;

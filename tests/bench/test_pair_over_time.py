@@ -2,8 +2,8 @@
 """scripts/pair-over-time --parse on canned bench_pairs --repeat lines: the baseline is the 10th
 percentile of the references, a timing is quiet only when both of its references are within the
 margin, the medians are of the right timings per library, process medians are taken per process,
-and input it cannot use (a line without references, an empty file, a missing file) gives one line
-and exit status 2."""
+and input it cannot use (a line without references, an empty file, a missing file, a bad --lib)
+gives one line and exit status 2."""
 import json
 import os
 import subprocess
@@ -78,6 +78,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 2 and "cannot read" in r.stderr, f"missing file: exit 2 ({r.returncode}: {r.stderr})")
     r = run("--build", tmp, "--processes", "1")
     check(r.returncode == 2 and "missing" in r.stderr, f"a build without bench_pairs: exit 2 ({r.stderr})")
+    r = run("--build", tmp, "--lib", "variant")
+    check(r.returncode == 2 and "NAME=PATH" in r.stderr, f"--lib without a path: exit 2 ({r.stderr})")
+    r = run("--build", tmp, "--lib", "floor=/x.so")
+    check(r.returncode == 2 and "taken" in r.stderr, f"--lib with a taken name: exit 2 ({r.stderr})")
+    fake = os.path.join(tmp, "build")  # a bundle whose files exist (never run: the check comes first)
+    for part in ("gpu/bench_pairs", "shim/libcudalloc.so", "bench/libfloor_interposer.so"):
+        os.makedirs(os.path.dirname(os.path.join(fake, part)), exist_ok=True)
+        open(os.path.join(fake, part), "w").close()
+    r = run("--build", fake, "--lib", "v=" + os.path.join(tmp, "none.so"))
+    check(r.returncode == 2 and "none.so missing" in r.stderr, f"--lib with no such file: exit 2 ({r.stderr})")
 
 print(f"{'FAILED' if failures else 'ok'}: {len(failures)} failures")
 sys.exit(1 if failures else 0)

@@ -59,6 +59,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check(f["quiet_timings"] == 4 and f["slow_timings"] == 0 and f["slow_median_ns"] is None, f"floor all quiet ({f})")
     check("quiet 4 (67%) median 125 ns; slow 2 median 205 ns" in r.stdout, f"report line ({r.stdout})")
 
+    check("speedup_over_native" not in c, "no speed-up without a native run")
+
+    # With a native run of the same size and order: its median over each library's.
+    with open(raw, "a") as f:
+        f.write("\n".join(timing("native", p, 600, 8.0, 8.0) for p in (1, 2)) + "\n")
+        f.write(timing("native", 3, 900, 9.9, 9.9) + "\n")
+    r = run("--parse", raw, "--json", out)
+    g = {x["lib"]: x for x in json.load(open(out))["groups"]}
+    check(g["native"]["median_ns"] == 600 and "speedup_over_native" not in g["native"], f"native group ({g['native']})")
+    check(g["cudalloc"]["speedup_over_native"] == round(600 / 135, 2), f"speed-up of all timings ({g['cudalloc']})")
+    check(g["cudalloc"]["quiet_speedup_over_native"] == round(600 / 125, 2), f"quiet speed-up ({g['cudalloc']})")
+    check("faster than native" in r.stdout, f"report names the speed-up ({r.stdout})")
+    with open(raw, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
     # A wider margin counts the 9.5 reference as quiet.
     r = run("--parse", raw, "--quiet-margin", "0.2", "--json", out)
     c = {x["lib"]: x for x in json.load(open(out))["groups"]}["cudalloc"]

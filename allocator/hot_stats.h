@@ -33,18 +33,14 @@ class HotStats {
     if (touched_ == kBothPools) [[unlikely]] raise(all_peak_, all_currents());
   }
   // The program freed the block (it stays active until it can be handed out again).
-  CUDALLOC_INLINE void free(const Block* b, bool oversize) {
-    Pool& d = touch(b);
-    ++d.frees;
-    d.free_bytes += static_cast<std::int64_t>(b->size);
-    d.free_requested += static_cast<std::int64_t>(b->requested);
-    if (oversize) --oversize_;
-  }
+  CUDALLOC_INLINE void free(const Block* b, bool oversize) { count_free(touch(b), b, oversize); }
   // The block stops being active: it can be handed out again.
-  CUDALLOC_INLINE void inactive(const Block* b) {
+  CUDALLOC_INLINE void inactive(const Block* b) { count_inactive(touch(b), b); }
+  // Both at once: freed in stream order and reusable at once (one pool lookup).
+  CUDALLOC_INLINE void free_reusable(const Block* b, bool oversize) {
     Pool& d = touch(b);
-    ++d.inactives;
-    d.inactive_bytes += static_cast<std::int64_t>(b->size);
+    count_free(d, b, oversize);
+    count_inactive(d, b);
   }
 
   bool empty() const { return touched_ == 0; }  // every change touches a pool
@@ -71,6 +67,17 @@ class HotStats {
     // Cumulative amounts added to and taken from each stat.
     Values added() const { return {allocs, allocs, alloc_bytes, alloc_bytes, alloc_requested}; }
   };
+
+  CUDALLOC_INLINE void count_free(Pool& d, const Block* b, bool oversize) {
+    ++d.frees;
+    d.free_bytes += static_cast<std::int64_t>(b->size);
+    d.free_requested += static_cast<std::int64_t>(b->requested);
+    if (oversize) --oversize_;
+  }
+  CUDALLOC_INLINE static void count_inactive(Pool& d, const Block* b) {
+    ++d.inactives;
+    d.inactive_bytes += static_cast<std::int64_t>(b->size);
+  }
 
   // pools_' slot of a pool kind (its stats are at stat_index(kind)).
   static constexpr std::size_t slot_of(PoolKind kind) { return kind == PoolKind::kSmall ? 0 : 1; }

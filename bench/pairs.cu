@@ -76,26 +76,27 @@ static void release(void* p, bool async, cudaStream_t s) {
 
 constexpr int kWindow = 8;
 
-// A fixed piece of CPU work with no CUDA in it (core_pairs' private_loop: a locked update of a
-// 256 KiB table), timed around each --repeat timing: on a virtual machine whose host has slow
-// periods, this slows with them (H200 host: 7.7-8.1 ns quiet, 9-11 ns in a slow period).
+// A fixed piece of CPU work with no CUDA in it, timed around each --repeat timing: four
+// independent xorshift chains updating a 16 KiB table, so that it is bound by the core's
+// throughput, as an allocator's hot path is, and slows when the host runs another thread on
+// the same core. (A single dependent chain hardly does: on the development machine a busy
+// sibling left it at 1.8-2.0 ns and took this one from 2.7 to 3.4-3.6 ns.)
 static double reference_ns() {
-  constexpr size_t kSlots = 32768;
   constexpr int kIters = 200000;
-  static std::vector<uint64_t> table(kSlots);
-  std::atomic<bool> lock{false};
-  uint64_t x = 88172645463325252ull;
+  static std::vector<uint64_t> table(2048);
+  uint64_t a = 1, b = 2, c = 3, d = 4;
   const auto t0 = Clock::now();
   for (int i = 0; i < kIters; ++i) {
-    while (lock.exchange(true, std::memory_order_acquire)) {
-    }
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    table[x & (kSlots - 1)] += x;
-    lock.store(false, std::memory_order_release);
+    a ^= a << 13, a ^= a >> 7, a ^= a << 17;
+    b ^= b << 13, b ^= b >> 7, b ^= b << 17;
+    c ^= c << 13, c ^= c >> 7, c ^= c << 17;
+    d ^= d << 13, d ^= d >> 7, d ^= d << 17;
+    table[a & 1023] += b;
+    table[1024 + (c & 1023)] += d;
   }
-  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kIters;
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kIters;
+  if (table[0] == 42) std::printf(" ");  // keeps the loop
+  return ns;
 }
 
 // With `repeats` > 1 each timing is printed with reference_ns() measured just before and just

@@ -74,6 +74,18 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(raw, "w") as f:
         f.write("\n".join(lines) + "\n")
 
+    # A gzipped RAW reads the same (docs/results keeps them so).
+    import gzip
+    with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+        dst.write(src.read())
+    r = run("--parse", raw + ".gz", "--json", out)
+    c = {x["lib"]: x for x in json.load(open(out))["groups"]}["cudalloc"]
+    check(r.returncode == 0 and c["quiet_median_ns"] == 125, f"gzipped input ({r.stderr})")
+    with open(raw + "x.gz", "wb") as f:
+        f.write(b"not gzip")
+    r = run("--parse", raw + "x.gz")
+    check(r.returncode == 2 and "cannot read" in r.stderr, f"a broken .gz: exit 2 ({r.returncode}: {r.stderr})")
+
     # A wider margin counts the 9.5 reference as quiet.
     r = run("--parse", raw, "--quiet-margin", "0.2", "--json", out)
     c = {x["lib"]: x for x in json.load(open(out))["groups"]}["cudalloc"]

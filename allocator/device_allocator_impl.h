@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/device_allocator.h"
+#include "allocator/device_mutex.h"
 #include "allocator/expandable_segments.h"
 #include "allocator/fence_clock.h"
 #include "allocator/free_blocks.h"
@@ -40,7 +41,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // start on a line of their own, so that a thread on the locked path does not make every
   // other thread's next read of `observer` a miss (H100 host, 8 threads of cudaMalloc pairs:
   // that load was a tenth of allocate's and free's samples).
-  alignas(64) std::mutex mutex;
+  alignas(64) DeviceMutex mutex;
 
   MemoryStats stats;
   std::uint64_t tick = 0;

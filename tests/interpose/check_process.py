@@ -8,6 +8,9 @@
   check_process.py traced EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: a closed trace with the
                                        program's allocations, and the summary table at exit
   check_process.py traced_passthrough EXE [ARGS]   the same with CUDALLOC_NO_CACHING=1
+  check_process.py profiled EXE [ARGS] CUDALLOC_PROFILE=1: every hook call of passthrough_check
+                                       counted (51 cuMemAlloc, 50 cuMemFree, its segment); unset or
+                                       0, no profile is printed
 """
 import os, re, subprocess, sys, tempfile
 
@@ -64,12 +67,35 @@ def traced(argv, passthrough=False):
         return 0 if all(checks.values()) else 1
 
 
+def profiled(argv):
+    counts = {}
+    for value in ('1', '0', None):
+        env = dict(os.environ)
+        env.pop('CUDALLOC_PROFILE', None)
+        if value is not None:
+            env['CUDALLOC_PROFILE'] = value
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            print('rc', p.returncode, p.stdout, p.stderr)
+            return 1
+        counts[value] = {m.group(1).strip(): int(m.group(2))
+                         for m in re.finditer(r'^  (\S.*?)\s+(\d+) calls', p.stderr, re.M)}
+        counts[value]['header'] = int('cudalloc profile' in p.stderr)
+    print(counts)
+    on = counts['1']
+    ok = (on.get('header') == 1 and on.get('cuMemAlloc') == 51 and on.get('cuMemFree') == 50 and
+          on.get('segment alloc', 0) >= 1 and counts['0'] == {'header': 0} and counts[None] == {'header': 0})
+    return 0 if ok else 1
+
+
 if __name__ == '__main__':
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == 'traced':
         sys.exit(traced(sys.argv[2:]))
     if mode == 'traced_passthrough':
         sys.exit(traced(sys.argv[2:], passthrough=True))
+    if mode == 'profiled':
+        sys.exit(profiled(sys.argv[2:]))
     if mode == 'needed':
         sys.exit(needed(arg))
     if mode == 'bad_config':

@@ -286,12 +286,13 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     bool cached = false;
     bool hand_over = false;
     std::uint64_t cover_ticket = 0;  // a batch closed here, fenced outside the cache's lock
+    const bool oversize = m.sizes.is_oversize(size);
     if (reusable) {
-      cache.delta().free_reusable(b, m.sizes.is_oversize(b->size));
+      cache.delta().free_reusable(b, oversize);
       cached = cache.push(b, m.sizes.round(requested));
       if (!cached) b->state = BlockState::kPending;
     } else {
-      cache.delta().free(b, m.sizes.is_oversize(b->size));
+      cache.delta().free(b, oversize);
       b->state = BlockState::kPending;
       b->stream_uses.clear();
       cache.deferred().push_back(b);

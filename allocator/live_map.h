@@ -24,6 +24,20 @@ class LiveTable {
     newest_ = Slot{ptr, block};
   }
 
+  // insert() without a call: false, with nothing done, when the newest slot is taken.
+  CUDALLOC_INLINE bool insert_newest(DevicePtr ptr, Block* block) {
+    if (newest_.key != 0) return false;
+    newest_ = Slot{ptr, block};
+    return true;
+  }
+  // take() of the newest entry only: null, with nothing done, when `ptr` is not that one.
+  CUDALLOC_INLINE Block* take_newest(DevicePtr ptr) {
+    if (newest_.key != ptr) return nullptr;
+    Block* b = newest_.value;
+    newest_ = Slot{};
+    return b;
+  }
+
   // Removes and returns the block that starts at `ptr`; null if none.
   CUDALLOC_INLINE Block* take(DevicePtr ptr) {
     if (newest_.key == ptr) [[likely]] {

@@ -24,10 +24,15 @@ class SizeClasses {
   // The block size a request gets. Requires bytes > 0. Inline for small requests without
   // roundup_power2_divisions (a multiple of 512): every allocation rounds its size first.
   std::size_t round(std::size_t bytes) const {
+    if (const std::size_t r = round_plain(bytes)) [[likely]] return r;
+    return round_slow(bytes);
+  }
+  // round() where it needs no call (a small request without roundup_power2_divisions), else 0.
+  std::size_t round_plain(std::size_t bytes) const {
     if (bytes <= kSmallSize && options_.roundup_power2_divisions[0] <= 1) [[likely]] {
       return bytes <= kMinBlockSize ? kMinBlockSize : (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
     }
-    return round_slow(bytes);
+    return 0;
   }
   static PoolKind pool_for(std::size_t rounded) {
     return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;

@@ -103,12 +103,19 @@ class ThreadCache {
   std::size_t large_bytes() const { return large_bytes_; }
 
   std::vector<Block*>& deferred() { return deferred_; }
+  // deferred().push_back() without a call: false, with nothing done, when it would grow.
+  bool defer_in_place(Block* b) {
+    if (deferred_.size() == deferred_.capacity()) return false;
+    deferred_.push_back(b);
+    return true;
+  }
   std::size_t& deferred_bytes() { return deferred_bytes_; }
   bool batch_due() const { return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes; }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {
     batches_.push_back(Batch{ticket, std::move(deferred_)});
-    deferred_.clear();
+    deferred_ = {};
+    deferred_.reserve(kBatchBlocks);  // the hot path defers only in place (defer_in_place)
     deferred_bytes_ = 0;
   }
   std::deque<Batch>& batches() { return batches_; }

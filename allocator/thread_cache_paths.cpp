@@ -52,17 +52,6 @@ struct LocalCaches {
 
 thread_local LocalCaches t_local;
 
-// The hot paths' lookups: the last entry's comparison inline, the rest out of line (a call
-// and its register saves cost a cached pair about 25 instructions).
-CUDALLOC_INLINE ThreadCache* find_local_fast(Impl& m) {
-  if (t_last_id == m.id) [[likely]] return t_last_cache;
-  return m.find_local_cache();
-}
-CUDALLOC_INLINE ThreadCache& local_fast(Impl& m) {
-  if (t_last_id == m.id) [[likely]] return *t_last_cache;
-  return m.local_cache();
-}
-
 }  // namespace
 
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
@@ -209,51 +198,115 @@ void Impl::drain_own_large() {
   own->drain_large_bins([this](Block* b) { blocks.make_reusable(b); });
 }
 
-CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
-  Impl& m = *impl_;
-  if (m.options.thread_cache && bytes != 0 && bytes <= ThreadCache::kLargeBytes) {
-    // Hot path: an exact-size block from this thread's cache.
-    const std::size_t rounded = m.sizes.round(bytes);
-    ThreadCache& cache = local_fast(m);
-    Block* b = nullptr;
-    bool spilled = false;
-    {
-      std::lock_guard lock(cache.lock);
-      b = cache.pop(stream, rounded);
-      // Fenced batches hold small blocks only.
-      if (b == nullptr && rounded <= kSmallSize && m.refill(cache, stream, rounded)) b = cache.pop(stream, rounded);
-      if (b != nullptr) {
-        b->state = BlockState::kAllocated;
-        b->requested = bytes;
-        cache.delta().alloc(b, m.sizes.is_oversize(b->size));
-        ++cache.hits;
-        cache.live.insert(b->ptr, b);
-      }
-      spilled = !cache.spill().empty();
-    }
-    if (spilled) {
-      std::lock_guard lock(m.mutex);
-      m.drain(cache, false);
-    }
-    if (b != nullptr) {
-      *out = b->ptr;
-      if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
-        m.count_allocated(static_cast<std::int64_t>(b->size));
-        m.notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true, /*local=*/true);
-      }
-      return Status::kOk;
-    }
-  }
-  std::lock_guard lock(m.mutex);
-  return m.allocate(bytes, stream, out, async);
+namespace {
+
+// The block leaves this thread's bins for the program; statistics only. Under the cache's lock.
+CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_t bytes) {
+  b->state = BlockState::kAllocated;
+  b->requested = bytes;
+  cache.delta().alloc(b, m.sizes.is_oversize(b->size));
+  ++cache.hits;
 }
 
-CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+// A free reusable at once on its stream: into the bin of `key` (its request, rounded). False
+// when that bin has no room (the block is then pending, for the device allocator to take).
+// Under the cache's lock.
+CUDALLOC_INLINE bool park_reusable(Impl& m, ThreadCache& cache, Block* b, std::size_t key) {
+  cache.delta().free_reusable(b, m.sizes.is_oversize(b->size));
+  if (cache.push(b, key)) [[likely]] return true;
+  b->state = BlockState::kPending;
+  return false;
+}
+
+// A cudaFree'd small block, already in the cache's deferred frees, waits there for the device
+// fence of its batch. Under the cache's lock.
+CUDALLOC_INLINE void count_deferred(Impl& m, ThreadCache& cache, Block* b) {
+  cache.delta().free(b, m.sizes.is_oversize(b->size));
+  b->state = BlockState::kPending;
+  b->stream_uses.clear();
+  cache.deferred_bytes() += b->size;
+}
+
+}  // namespace
+
+CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+  if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes) {
+    return allocate_locked(bytes, stream, out, async);
+  }
+  const std::size_t rounded = sizes.round(bytes);
+  ThreadCache& cache = local_cache();
+  Block* b = nullptr;
+  bool spilled = false;
+  {
+    std::lock_guard lock(cache.lock);
+    b = cache.pop(stream, rounded);
+    // Fenced batches hold small blocks only.
+    if (b == nullptr && rounded <= kSmallSize && refill(cache, stream, rounded)) b = cache.pop(stream, rounded);
+    if (b != nullptr) {
+      count_hit(*this, cache, b, bytes);
+      cache.live.insert(b->ptr, b);
+    }
+    spilled = !cache.spill().empty();
+  }
+  if (spilled) {
+    std::lock_guard lock(mutex);
+    drain(cache, false);
+  }
+  if (b != nullptr) {
+    *out = b->ptr;
+    return observed_hit(b, bytes, stream, async);
+  }
+  return allocate_locked(bytes, stream, out, async);
+}
+
+CUDALLOC_NOINLINE Status Impl::hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream,
+                                              DevicePtr* out, bool async) {
+  cache.live.insert(b->ptr, b);
+  cache.lock.unlock();
+  *out = b->ptr;
+  return observed_hit(b, bytes, stream, async);
+}
+
+CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async) {
+  if (observer.load(std::memory_order_relaxed) != nullptr) {
+    count_allocated(static_cast<std::int64_t>(b->size));
+    notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true, /*local=*/true);
+  }
+  return Status::kOk;
+}
+
+CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+  std::lock_guard lock(mutex);
+  return allocate(bytes, stream, out, async);
+}
+
+// The hot path, an exact-size small block from this thread's bins, makes no call but its last:
+// everything else (a miss, a new thread, a large or unusually rounded size, an observer, a
+// second live block) continues out of line.
+CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
-  // The calling thread's own table first, keeping its lock: a block allocated and freed on one
-  // thread goes back to that thread's cache under a single lock, touching no line another
-  // thread writes.
-  ThreadCache* own = m.options.thread_cache ? find_local_fast(m) : nullptr;
+  const std::size_t rounded = m.sizes.round_plain(bytes);
+  if (rounded != 0 && bytes != 0 && m.options.thread_cache && t_last_id == m.id) [[likely]] {
+    ThreadCache& cache = *t_last_cache;
+    cache.lock.lock();
+    if (Block* b = cache.pop(stream, rounded)) [[likely]] {
+      count_hit(m, cache, b, bytes);
+      if (!cache.live.insert_newest(b->ptr, b)) [[unlikely]] return m.hit_into_table(cache, b, bytes, stream, out, async);
+      cache.lock.unlock();
+      *out = b->ptr;
+      if (m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] return Status::kOk;
+      return m.observed_hit(b, bytes, stream, async);
+    }
+    cache.lock.unlock();
+  }
+  return m.allocate_missed(bytes, stream, out, async);
+}
+
+// Every free but the hot path's: `own` is the calling thread's cache, or null to look it up.
+CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async,
+                                          ThreadCache* own) {
+  if (own == nullptr && options.thread_cache) own = find_local_cache();
+  // The calling thread's own table first, keeping its lock.
   std::unique_lock<SpinLock> held;
   Block* b = nullptr;
   if (own != nullptr) {
@@ -262,68 +315,102 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     if (b == nullptr) held.unlock();
   }
   const bool found_own = b != nullptr;
-  if (b == nullptr) b = m.take_live_elsewhere(ptr);
+  if (b == nullptr) b = take_live_elsewhere(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
-  // Hot path: a block reusable at once goes to this thread's cache; a cudaFree'd one waits
-  // there for the next device fence.
+  // A block reusable at once goes to this thread's cache; a cudaFree'd small one waits there
+  // for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
   const bool cacheable = b->pool == PoolKind::kSmall
                              ? reusable || order == FreeOrder::kDevice
                              : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
-  if (m.options.thread_cache && cacheable) {
-    ThreadCache& cache = own != nullptr ? *own : local_fast(m);
+  if (options.thread_cache && cacheable) {
+    ThreadCache& cache = own != nullptr ? *own : local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);
-    const std::size_t size = b->size;
-    const std::size_t requested = b->requested;
     // Reported before the block enters the cache, where another thread may drain it (under the
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
-    if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
-      m.count_allocated(-static_cast<std::int64_t>(size));
-      m.notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async, false, /*local=*/found_own);
+    if (observer.load(std::memory_order_relaxed) != nullptr) {
+      count_allocated(-static_cast<std::int64_t>(b->size));
+      notify(EventKind::kFree, stream, ptr, b->requested, b->size, Status::kOk, async, false, /*local=*/found_own);
     }
-    bool cached = false;
-    bool hand_over = false;
-    std::uint64_t cover_ticket = 0;  // a batch closed here, fenced outside the cache's lock
-    const bool oversize = m.sizes.is_oversize(size);
     if (reusable) {
-      cache.delta().free_reusable(b, oversize);
-      cached = cache.push(b, m.sizes.round(requested));
-      if (!cached) b->state = BlockState::kPending;
-    } else {
-      cache.delta().free(b, oversize);
-      b->state = BlockState::kPending;
-      b->stream_uses.clear();
-      cache.deferred().push_back(b);
-      cache.deferred_bytes() += b->size;
-      cached = true;
-      // A full batch is closed with a ticket and put behind a device fence shared by every
-      // batch closed so far (fence_clock.h). Too many outstanding batches go to the
-      // allocator instead.
-      if (cache.batch_due()) {
-        // Covered at once: a loop keeps about one batch outstanding, needed when its bins
-        // next run dry, and a fence recorded only then is not yet done. (Covering the batch
-        // three back, as before, never fired in a loop: the fence was recorded by the refill
-        // that needed it.)
-        cover_ticket = m.batch_fences.stamp();
-        cache.close_batch(cover_ticket);
-      }
-      hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
+      const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
+      held.unlock();
+      return cached ? Status::kOk : bin_full(b);
     }
+    cache.deferred().push_back(b);
+    count_deferred(*this, cache, b);
     held.unlock();
-    if (cover_ticket != 0) m.batch_fences.cover(cover_ticket, m.backend);
-    if (cached && !hand_over) return Status::kOk;
-    std::lock_guard lock(m.mutex);
-    ++m.stats.num_locked_frees;
-    if (!cached) m.blocks.make_reusable(b);  // its bin was full
-    if (hand_over) m.drain(cache, false);
-    return Status::kOk;
+    return cache.batch_due() ? close_batch(cache) : Status::kOk;
   }
   if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
-  std::lock_guard lock(m.mutex);
-  m.free(b, order, stream, async);
+  std::lock_guard lock(mutex);
+  free(b, order, stream, async);
   return Status::kOk;
+}
+
+// A block reusable at once whose bin had no room: the allocator takes it.
+CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
+  std::lock_guard lock(mutex);
+  ++stats.num_locked_frees;
+  blocks.make_reusable(b);
+  return Status::kOk;
+}
+
+// The owner's deferred frees fill a batch. It is closed with a ticket and put behind a device
+// fence shared by every batch closed so far (fence_clock.h), at once: a loop keeps about one
+// batch outstanding, needed when its bins next run dry, and a fence recorded only then is not
+// yet done. Too many outstanding batches go to the allocator instead.
+CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache) {
+  std::uint64_t ticket = 0;
+  bool hand_over = false;
+  {
+    std::lock_guard lock(cache.lock);
+    // Another thread's drain may have taken the deferred frees since they were counted.
+    if (cache.batch_due()) {
+      ticket = batch_fences.stamp();
+      cache.close_batch(ticket);
+    }
+    hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
+  }
+  if (ticket != 0) batch_fences.cover(ticket, backend);
+  if (!hand_over) return Status::kOk;
+  std::lock_guard lock(mutex);
+  ++stats.num_locked_frees;
+  drain(cache, false);
+  return Status::kOk;
+}
+
+// The hot path: a small block freed by the thread that took it, the newest it took, either in
+// its own stream's order (reusable at once) or by cudaFree (waiting in the cache for a batch's
+// fence). It makes no call but its last, like allocate's.
+CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
+  Impl& m = *impl_;
+  if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
+    return m.free_block(ptr, order, stream, async, nullptr);
+  }
+  ThreadCache& cache = *t_last_cache;
+  cache.lock.lock();
+  Block* b = cache.live.take_newest(ptr);
+  if (b != nullptr && b->pool == PoolKind::kSmall && m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty()) {
+      const std::size_t key = m.sizes.round_plain(b->requested);
+      if (key != 0) [[likely]] {
+        const bool cached = park_reusable(m, cache, b, key);
+        cache.lock.unlock();
+        return cached ? Status::kOk : m.bin_full(b);
+      }
+    } else if (order == FreeOrder::kDevice && cache.defer_in_place(b)) {
+      count_deferred(m, cache, b);
+      cache.lock.unlock();
+      return cache.batch_due() ? m.close_batch(cache) : Status::kOk;
+    }
+  }
+  // Not the hot path's: the block goes back to the newest slot, where free_block looks first.
+  if (b != nullptr) cache.live.insert_newest(ptr, b);
+  cache.lock.unlock();
+  return m.free_block(ptr, order, stream, async, &cache);
 }
 
 }  // namespace cudalloc

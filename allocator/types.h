@@ -11,6 +11,9 @@
 // A small step of that path that GCC would otherwise leave out of line (at -O2 it declines
 // loops it cannot size and functions it judges large), paying a call and spills for it.
 #define CUDALLOC_INLINE __attribute__((always_inline)) inline
+// The slow end of a hot path. A hot path whose only calls are its last (tail calls) saves no
+// registers and builds no frame; one call it returns from costs it both, hit or miss.
+#define CUDALLOC_NOINLINE __attribute__((noinline))
 
 namespace cudalloc {
 

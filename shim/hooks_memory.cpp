@@ -15,7 +15,7 @@ using namespace cudalloc::shim;
 
 namespace {
 
-CUresult out_of_memory(ContextState& s, std::size_t bytes) {
+CUDALLOC_NOINLINE CUresult out_of_memory(ContextState& s, std::size_t bytes) {
   if (const auto report = s.allocator.last_oom()) {
     log_error("%s", report->message().c_str());
   } else {
@@ -27,7 +27,7 @@ CUresult out_of_memory(ContextState& s, std::size_t bytes) {
 CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
   DevicePtr p = 0;
   const Status st = s.allocator.allocate(bytes, stream, &p, async);
-  if (st == Status::kOk) {
+  if (st == Status::kOk) [[likely]] {
     *dptr = static_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
   }
@@ -35,7 +35,13 @@ CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_
   return to_cuda(st);
 }
 
-CUDALLOC_HOT CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
+// Each hook has a general path, which handles every case (passthrough, a thread's first call,
+// a new stream or context, captures, single_stream, the profile), and a hot path in front of
+// it for what a loop of cached pairs meets: a known context, the thread's last created stream,
+// nothing else to do (hot_state()). The hot paths call nothing but the allocator and, for
+// cudaMalloc, the driver's current context, so they build no frame of their own.
+
+CUDALLOC_NOINLINE CUresult mem_alloc_general(CUdeviceptr* dptr, std::size_t bytes) {
   profile::Scope timed(profile::Site::kMemAlloc);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -70,7 +76,7 @@ CUDALLOC_INLINE void stream_used(ProcessState& ps, ContextState& s, StreamInfo* 
   }
 }
 
-CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
+CUDALLOC_NOINLINE CUresult mem_alloc_async_general(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
   profile::Scope timed(profile::Site::kMemAllocAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -91,7 +97,8 @@ CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUst
   return allocate(*s, dptr, bytes, key_of(si), true);
 }
 
-CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
+// `tried`: the hot path found the pointer live in no context (free_live); it is not asked again.
+CUDALLOC_NOINLINE CUresult mem_free_async_general(CUdeviceptr ptr, CUstream stream, bool ptsz, bool tried) {
   profile::Scope timed(profile::Site::kMemFreeAsync);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -105,7 +112,7 @@ CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
   CUresult r = CUDA_SUCCESS;
-  if (!learnt && !ps->single_stream.active() && free_live(*ps, ptr, true, si, &r)) return r;
+  if (!tried && !learnt && !ps->single_stream.active() && free_live(*ps, ptr, true, si, &r)) return r;
   ContextState* owner = ps->contexts.owner(ptr);
   // A stream met for the first time is registered even when the pointer is the driver's:
   // resolve() has learnt it, and it would not be "new" again.
@@ -119,11 +126,8 @@ CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz
   return free_owned(*ps, *owner, ptr, true, si, false);
 }
 
-}  // namespace
-
-CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
-
-CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+// `tried`: as mem_free_async_general's.
+CUDALLOC_NOINLINE CUresult mem_free_general(CUdeviceptr ptr, bool tried) {
   profile::Scope timed(profile::Site::kMemFree);
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -135,10 +139,58 @@ CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFree_v2(CUdeviceptr ptr) {
   if (ptr == 0) return CUDA_SUCCESS;  // cudaFree(NULL) reaches the driver and succeeds
   const bool sync = runtime().config.free_sync;
   CUresult r = CUDA_SUCCESS;
-  if (!sync && free_live(*ps, ptr, false, nullptr, &r)) return r;
+  if (!tried && !sync && free_live(*ps, ptr, false, nullptr, &r)) return r;
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return d.cuMemFree_v2(ptr);
   return free_owned(*ps, *owner, ptr, false, nullptr, sync);
+}
+
+CUDALLOC_HOT CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
+  ProcessState* ps = hot_state();
+  if (ps != nullptr && dptr != nullptr && bytes != 0) [[likely]] {
+    if (ContextState* s = ps->contexts.current()) [[likely]] {
+      const StreamHandle stream = ps->single_stream.active() ? key_of(ps->streams.legacy()) : kNoStream;
+      return allocate(*s, dptr, bytes, stream, false);
+    }
+  }
+  return mem_alloc_general(dptr, bytes);
+}
+
+CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
+  ProcessState* ps = hot_state();
+  if (ps != nullptr && dptr != nullptr && bytes != 0 && !ps->captures.any() && !ps->single_stream.active()) [[likely]] {
+    StreamInfo* si = ps->streams.last(stream);
+    if (si != nullptr && !si->helper.load(std::memory_order_relaxed)) [[likely]] {
+      if (ContextState* s = ps->contexts.find(si->ctx)) [[likely]] return allocate(*s, dptr, bytes, key_of(si), true);
+    }
+  }
+  return mem_alloc_async_general(dptr, bytes, stream, ptsz);
+}
+
+CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
+  ProcessState* ps = hot_state();
+  if (ps != nullptr && ptr != 0 && !ps->single_stream.active()) [[likely]] {
+    if (StreamInfo* si = ps->streams.last(stream)) [[likely]] {
+      CUresult r = CUDA_SUCCESS;
+      if (free_live(*ps, ptr, true, si, &r)) [[likely]] return r;
+      if (!ps->captures.any()) return mem_free_async_general(ptr, stream, ptsz, true);
+    }
+  }
+  return mem_free_async_general(ptr, stream, ptsz, false);
+}
+
+}  // namespace
+
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
+
+CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  ProcessState* ps = hot_state();
+  if (ps != nullptr && ptr != 0 && !free_sync_hot()) [[likely]] {
+    CUresult r = CUDA_SUCCESS;
+    if (free_live(*ps, ptr, false, nullptr, &r)) [[likely]] return r;
+    if (!ps->captures.any()) return mem_free_general(ptr, true);
+  }
+  return mem_free_general(ptr, false);
 }
 
 CUDALLOC_EXPORT CUDALLOC_HOT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {

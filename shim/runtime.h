@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "shim/capture.h"
 #include "shim/context_state.h"
+#include "shim/profile.h"
 #include "shim/single_stream.h"
 #include "shim/streams.h"
 
@@ -45,5 +46,15 @@ inline ProcessState* caching_state() {
   if (detail::g_runtime.load(std::memory_order_acquire) == nullptr) [[unlikely]] return detail::caching_state_first();
   return detail::g_state.load(std::memory_order_acquire);
 }
+
+// The caching state when the hooks' hot paths may run: initialized, caching, CUDALLOC_PROFILE
+// off (known to be). Else null, and the hook takes its general path, which handles all.
+inline ProcessState* hot_state() {
+  if (profile::detail::g_enabled.load(std::memory_order_relaxed) != 0) [[unlikely]] return nullptr;
+  if (detail::g_runtime.load(std::memory_order_acquire) == nullptr) [[unlikely]] return nullptr;
+  return detail::g_state.load(std::memory_order_acquire);
+}
+// Whether cudaFree blocks (free_sync:true). After hot_state() has returned a state.
+inline bool free_sync_hot() { return detail::g_runtime.load(std::memory_order_relaxed)->config.free_sync; }
 
 }  // namespace cudalloc::shim

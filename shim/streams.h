@@ -72,6 +72,15 @@ class StreamRegistry {
     }
     return resolve_slow(s, learnt);
   }
+  // The calling thread's last created stream when `s` is that one and still alive, else null:
+  // resolve() where it needs no call (and learns nothing).
+  StreamInfo* last(CUstream s) const {
+    const LastStream& last = t_last_stream;
+    if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {
+      return last.info;
+    }
+    return nullptr;
+  }
   // A stream the process just created in `ctx`.
   StreamInfo* created(CUstream s, CUcontext ctx, unsigned flags);
   // A stream about to be destroyed; null if unknown. Its info stays valid (alive = false).

@@ -406,9 +406,9 @@ TEST_CASE("threads' batches are fenced when they close, and their refills record
   while (closed < kThreads) std::this_thread::yield();
   // One fence a batch at most; fewer where a batch closed while another thread was recording
   // (that thread's fence covers it: test_fence_clock.cpp).
-  const int fences = f.sim.device_fences();
+  const auto fences = f.sim.device_fences();
   CHECK(fences >= 1);
-  CHECK(fences <= kThreads);
+  CHECK(fences <= static_cast<std::size_t>(kThreads));
   const auto locked = f.stat("num_locked_allocs");
   go = true;
   for (auto& th : ts) th.join();
@@ -791,6 +791,58 @@ TEST_CASE("cached blocks are served from the thread cache and drained under pres
   CHECK(big != 0);
   CHECK(f.stat("num_device_free") == 1);  // the 2 MiB small segment was given back
   CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(20 * kMiB));
+}
+
+TEST_CASE("the hot paths' fallbacks keep the cache and the statistics exact") {
+  Fixture f;
+  // Blocks the locked path hands out live in the shared map, not in this thread's table: their
+  // frees take the general path, and fill the bin.
+  constexpr std::size_t n = ThreadCache::kDepth + 2;
+  std::vector<DevicePtr> blocks;
+  for (std::size_t i = 0; i < n; ++i) blocks.push_back(f.get(1000, kStreamA));
+  const auto segments = f.stat("num_device_alloc");
+  for (std::size_t i = 0; i + 1 < n; ++i) {  // the last of these finds the bin full
+    REQUIRE(f.alloc.free(blocks[i], FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  }
+  // A hit is the newest entry of this thread's table; the bin gets full again behind it, so
+  // its free on the hot path finds no room and goes to the pool.
+  const DevicePtr hit = f.get(1000, kStreamA);
+  REQUIRE(f.alloc.free(blocks.back(), FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  const auto locked_frees = f.stat("num_locked_frees");
+  REQUIRE(f.alloc.free(hit, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  CHECK(f.stat("num_locked_frees") == locked_frees + 1);
+  CHECK(f.stat("allocation.all.current") == 0);
+  CHECK(f.stat("active.all.current") == 0);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("requested_bytes.all.current") == 0);
+  CHECK(f.stat("allocation.all.peak") == static_cast<std::int64_t>(n));
+  // A double free of a block now in the bins, and of the one in the pool, changes nothing.
+  CHECK(f.alloc.free(blocks.front(), FreeOrder::kStream, kStreamA, true) == Status::kInvalidValue);
+  CHECK(f.alloc.free(blocks.back(), FreeOrder::kStream, kStreamA, true) == Status::kInvalidValue);
+  // Every block serves again, none twice, from the memory already held.
+  std::set<DevicePtr> again;
+  for (std::size_t i = 0; i < n; ++i) again.insert(f.get(1000, kStreamA));
+  CHECK(again == std::set<DevicePtr>(blocks.begin(), blocks.end()));
+  CHECK(f.stat("num_device_alloc") == segments);
+  CHECK(f.stat("allocation.all.current") == static_cast<std::int64_t>(n));
+  for (DevicePtr p : again) REQUIRE(f.alloc.free(p, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+
+  // An observer attached once the hot path runs hears of its hits and frees.
+  struct Recorder : AllocatorObserver {
+    std::vector<AllocatorEvent> events;
+    void on_event(const AllocatorEvent& e) noexcept override { events.push_back(e); }
+  } rec;
+  f.alloc.set_observer(&rec);
+  const DevicePtr a = f.get(1000, kStreamA);
+  REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+  REQUIRE(rec.events.size() == 2);
+  CHECK(rec.events[0].kind == EventKind::kAlloc);
+  CHECK(rec.events[0].cache_hit);
+  CHECK(rec.events[0].requested == 1000);
+  CHECK(rec.events[0].rounded == 1024);
+  CHECK(rec.events[1].kind == EventKind::kFree);
+  CHECK(rec.events[1].ptr == a);
+  f.alloc.set_observer(nullptr);
 }
 
 TEST_CASE("a block cached by one thread is freed by another") {

@@ -341,8 +341,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     }
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
+    const bool due = cache.batch_due();  // read under the lock: another thread may drain the cache
     held.unlock();
-    return cache.batch_due() ? close_batch(cache) : Status::kOk;
+    return due ? close_batch(cache) : Status::kOk;
   }
   if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
   std::lock_guard lock(mutex);
@@ -403,8 +404,9 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
       }
     } else if (order == FreeOrder::kDevice && cache.defer_in_place(b)) {
       count_deferred(m, cache, b);
+      const bool due = cache.batch_due();
       cache.lock.unlock();
-      return cache.batch_due() ? m.close_batch(cache) : Status::kOk;
+      return due ? m.close_batch(cache) : Status::kOk;
     }
   }
   // Not the hot path's: the block goes back to the newest slot, where free_block looks first.

@@ -44,7 +44,7 @@ static void pairs(const char* name, std::size_t size, CUstream stream, bool asyn
 
 int main(int argc, char** argv) {
   int iters = 2000000;
-  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync
+  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy
   std::size_t only_size = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -55,9 +55,10 @@ int main(int argc, char** argv) {
   auto& c = client::client();
   CUstream s = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  if (only_size != 0) {  // --size N: both frees at that size only
+  if (only_size != 0) {  // --size N: the frees at that size only, async on both kinds of stream
     pairs("cuMemFree", only_size, nullptr, false, iters);
     pairs("cuMemFreeAsync", only_size, s, true, iters);
+    pairs("cuMemFreeAsyncLegacy", only_size, nullptr, true, iters);
     return 0;
   }
   pairs("cuMemFree", 64 << 10, nullptr, false, iters);

@@ -37,8 +37,8 @@ CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_
 
 // Each hook has a general path, which handles every case (passthrough, a thread's first call,
 // a new stream or context, captures, single_stream, the profile), and a hot path in front of
-// it for what a loop of cached pairs meets: a known context, the thread's last created stream,
-// nothing else to do (hot_state()). The hot paths call nothing but the allocator and, for
+// it for what a loop of cached pairs meets: a known context, the legacy stream or the thread's
+// last created stream, nothing else to do (hot_state()). The hot paths call nothing but the allocator and, for
 // cudaMalloc, the driver's current context, so they build no frame of their own.
 
 CUDALLOC_NOINLINE CUresult mem_alloc_general(CUdeviceptr* dptr, std::size_t bytes) {
@@ -159,9 +159,10 @@ CUDALLOC_HOT CUresult mem_alloc(CUdeviceptr* dptr, std::size_t bytes) {
 CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream, bool ptsz) {
   ProcessState* ps = hot_state();
   if (ps != nullptr && dptr != nullptr && bytes != 0 && !ps->captures.any() && !ps->single_stream.active()) [[likely]] {
-    StreamInfo* si = ps->streams.last(stream);
+    StreamInfo* si = ps->streams.known(stream, ptsz);
     if (si != nullptr && !si->helper.load(std::memory_order_relaxed)) [[likely]] {
-      if (ContextState* s = ps->contexts.find(si->ctx)) [[likely]] return allocate(*s, dptr, bytes, key_of(si), true);
+      ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.find(si->ctx) : ps->contexts.current();
+      if (s != nullptr) [[likely]] return allocate(*s, dptr, bytes, key_of(si), true);
     }
   }
   return mem_alloc_async_general(dptr, bytes, stream, ptsz);
@@ -170,7 +171,7 @@ CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUst
 CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   ProcessState* ps = hot_state();
   if (ps != nullptr && ptr != 0 && !ps->single_stream.active()) [[likely]] {
-    if (StreamInfo* si = ps->streams.last(stream)) [[likely]] {
+    if (StreamInfo* si = ps->streams.known(stream, ptsz)) [[likely]] {
       CUresult r = CUDA_SUCCESS;
       if (free_live(*ps, ptr, true, si, &r)) [[likely]] return r;
       if (!ps->captures.any()) return mem_free_async_general(ptr, stream, ptsz, true);

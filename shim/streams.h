@@ -72,13 +72,14 @@ class StreamRegistry {
     }
     return resolve_slow(s, learnt);
   }
-  // The calling thread's last created stream when `s` is that one and still alive, else null:
-  // resolve() where it needs no call (and learns nothing).
-  StreamInfo* last(CUstream s) const {
+  // resolve() where it needs no call and learns nothing: the legacy stream, or the calling
+  // thread's last created stream when `s` is that one and still alive. Else null.
+  StreamInfo* known(CUstream s, bool ptsz) {
     const LastStream& last = t_last_stream;
     if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {
       return last.info;
     }
+    if (!ptsz && (s == nullptr || s == CU_STREAM_LEGACY)) return legacy();
     return nullptr;
   }
   // A stream the process just created in `ctx`.

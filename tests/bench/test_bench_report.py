@@ -187,6 +187,24 @@ def main():
             if p.returncode != 2 or "--batch" not in p.stderr or "Traceback" in p.stderr:
                 fails(f"--batch {bad}: exit {p.returncode}, stderr {p.stderr!r}")
 
+        # The mix table says how many runs each figure is the median of, when the rows say so;
+        # rows of older files, from one run, get no such line.
+        def mix_row(live, ns, runs=None):
+            row = {"kind": "mix", "live": float(live), "median_ns": float(ns), "p99_ns": float(4 * ns)}
+            if runs is not None:
+                row["runs"] = float(runs)
+            return row
+        for runs, want in ((3, True), (None, False)):
+            res = results()
+            res["micro"]["cudalloc"]["mix"] = [mix_row(1000, 300, runs), mix_row(100000, 330, runs)]
+            md = report_lines(res, src, out, f"with mix rows of {runs} runs")
+            note = "Each figure is the median over 3 runs (separate processes), as above."
+            start = md.index("## Random mix, sizes 512 B to 8 MiB log-uniform (median / p99 per operation)")
+            if (note in md[start:start + 4]) != want:
+                fails(f"mix rows with runs={runs}: the median note {'missing' if want else 'present'}")
+            if not any(l.startswith("| 100000 |") and "330 ns / 1320 ns" in l for l in md):
+                fails(f"mix rows with runs={runs}: no 100000 row with its figures")
+
         # Unreadable input (truncated, or JSON of another shape): one line on stderr, exit
         # status 2, no traceback.
         for bad in ('{"micro": ', '{"device": "a string", "micro": {}}', '[1, 2]'):

@@ -19,15 +19,6 @@ std::size_t roundup_power2_next_division(std::size_t bytes, std::size_t division
   return floor + round_up(bytes - floor, step);
 }
 
-std::size_t SizeClasses::divisions_for(std::size_t bytes) const {
-  // Interval 0 holds everything below 2 MiB; interval i holds [2^i MiB, 2^(i+1) MiB).
-  const int log_size = std::bit_width(bytes) - 1;
-  constexpr int kFirst = 20;  // log2(1 MiB)
-  std::size_t index = log_size > kFirst ? static_cast<std::size_t>(log_size - kFirst) : 0;
-  if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
-  return options_.roundup_power2_divisions[index];
-}
-
 std::size_t SizeClasses::round_slow(std::size_t bytes) const {
   if (bytes <= kMinBlockSize) return kMinBlockSize;
   const std::size_t divisions = divisions_for(bytes);

@@ -3,6 +3,7 @@
 // carry over.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 
 #include "allocator/memory_stats.h"
@@ -27,9 +28,12 @@ class SizeClasses {
     if (const std::size_t r = round_plain(bytes)) [[likely]] return r;
     return round_slow(bytes);
   }
-  // round() where it needs no call (a small request without roundup_power2_divisions), else 0.
+  // round() where it needs no call (no roundup_power2_divisions for the request's size), else 0.
   std::size_t round_plain(std::size_t bytes) const {
-    if (bytes <= kSmallSize && options_.roundup_power2_divisions[0] <= 1) [[likely]] {
+    // Small requests, nearly all of them, look at interval 0 without computing it.
+    const std::size_t divisions =
+        bytes <= kSmallSize ? options_.roundup_power2_divisions[0] : divisions_for(bytes);
+    if (divisions <= 1) [[likely]] {
       return bytes <= kMinBlockSize ? kMinBlockSize : (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
     }
     return 0;
@@ -47,8 +51,15 @@ class SizeClasses {
   bool may_serve(std::size_t block_size, std::size_t rounded) const;
   bool is_oversize(std::size_t block_size) const { return block_size >= options_.max_split_size; }
 
-  // The divisions in force for a size (roundup_power2_divisions interval lookup).
-  std::size_t divisions_for(std::size_t bytes) const;
+  // The divisions in force for a size (roundup_power2_divisions interval lookup). Interval 0
+  // holds everything below 2 MiB; interval i holds [2^i MiB, 2^(i+1) MiB).
+  std::size_t divisions_for(std::size_t bytes) const {
+    constexpr int kFirst = 20;  // log2(1 MiB)
+    const int log_size = std::bit_width(bytes) - 1;
+    std::size_t index = log_size > kFirst ? static_cast<std::size_t>(log_size - kFirst) : 0;
+    if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
+    return options_.roundup_power2_divisions[index];
+  }
 
  private:
   std::size_t round_slow(std::size_t bytes) const;

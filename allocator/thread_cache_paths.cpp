@@ -280,13 +280,13 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
   return allocate(bytes, stream, out, async);
 }
 
-// The hot path, an exact-size small block from this thread's bins, makes no call but its last:
-// everything else (a miss, a new thread, a large or unusually rounded size, an observer, a
-// second live block) continues out of line.
+// The hot path, an exact-size block from this thread's bins, makes no call but its last:
+// everything else (a miss, a new thread, a size rounded by roundup_power2_divisions or past the
+// thread caches' bound, an observer, a second live block) continues out of line.
 CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
   const std::size_t rounded = m.sizes.round_plain(bytes);
-  if (rounded != 0 && bytes != 0 && m.options.thread_cache && t_last_id == m.id) [[likely]] {
+  if (rounded - 1 < ThreadCache::kLargeBytes && bytes != 0 && m.options.thread_cache && t_last_id == m.id) [[likely]] {
     ThreadCache& cache = *t_last_cache;
     cache.lock.lock();
     if (Block* b = cache.pop(stream, rounded)) [[likely]] {
@@ -383,9 +383,10 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache) {
   return Status::kOk;
 }
 
-// The hot path: a small block freed by the thread that took it, the newest it took, either in
-// its own stream's order (reusable at once) or by cudaFree (waiting in the cache for a batch's
-// fence). It makes no call but its last, like allocate's.
+// The hot path: a block freed by the thread that took it, the newest it took, either in its own
+// stream's order (reusable at once: a small block, or a large one that is a whole segment) or,
+// small, by cudaFree (waiting in the cache for a batch's fence). It makes no call but its last,
+// like allocate's.
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
@@ -394,15 +395,16 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   ThreadCache& cache = *t_last_cache;
   cache.lock.lock();
   Block* b = cache.live.take_newest(ptr);
-  if (b != nullptr && b->pool == PoolKind::kSmall && m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] {
-    if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty()) {
+  if (b != nullptr && m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    const bool small = b->pool == PoolKind::kSmall;
+    if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
         const bool cached = park_reusable(m, cache, b, key);
         cache.lock.unlock();
         return cached ? Status::kOk : m.bin_full(b);
       }
-    } else if (order == FreeOrder::kDevice && cache.defer_in_place(b)) {
+    } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       count_deferred(m, cache, b);
       const bool due = cache.batch_due();
       cache.lock.unlock();

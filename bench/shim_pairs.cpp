@@ -44,7 +44,7 @@ static void pairs(const char* name, std::size_t size, CUstream stream, bool asyn
 
 int main(int argc, char** argv) {
   int iters = 2000000;
-  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy
+  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy|cuMemFreeAsyncPerThread
   std::size_t only_size = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
     pairs("cuMemFree", only_size, nullptr, false, iters);
     pairs("cuMemFreeAsync", only_size, s, true, iters);
     pairs("cuMemFreeAsyncLegacy", only_size, nullptr, true, iters);
+    pairs("cuMemFreeAsyncPerThread", only_size, CU_STREAM_PER_THREAD, true, iters);
     return 0;
   }
   pairs("cuMemFree", 64 << 10, nullptr, false, iters);

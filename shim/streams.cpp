@@ -4,12 +4,6 @@
 
 namespace cudalloc::shim {
 
-namespace {
-// Trivially destructible, so no thread-exit destructor runs; the info is never freed.
-// initial-exec: the library is preloaded (static TLS), and this avoids __tls_get_addr.
-__attribute__((tls_model("initial-exec"))) thread_local StreamInfo* t_per_thread = nullptr;
-}
-
 bool driver_handle(const StreamInfo* s, CUstream* out) {
   switch (s->kind) {
     case StreamInfo::Kind::kLegacy:
@@ -17,7 +11,7 @@ bool driver_handle(const StreamInfo* s, CUstream* out) {
       return true;
     case StreamInfo::Kind::kPerThread:
       *out = CU_STREAM_PER_THREAD;
-      return s == t_per_thread;
+      return s == detail::t_per_thread;
     case StreamInfo::Kind::kCreated:
       *out = s->handle;
       return s->alive.load(std::memory_order_acquire);
@@ -26,12 +20,13 @@ bool driver_handle(const StreamInfo* s, CUstream* out) {
 }
 
 StreamInfo* StreamRegistry::per_thread() {
-  if (t_per_thread == nullptr) {
-    t_per_thread = new StreamInfo;
-    t_per_thread->kind = StreamInfo::Kind::kPerThread;
-    t_per_thread->handle = CU_STREAM_PER_THREAD;
+  StreamInfo*& mine = detail::t_per_thread;
+  if (mine == nullptr) {
+    mine = new StreamInfo;
+    mine->kind = StreamInfo::Kind::kPerThread;
+    mine->handle = CU_STREAM_PER_THREAD;
   }
-  return t_per_thread;
+  return mine;
 }
 
 StreamInfo* StreamRegistry::resolve_slow(CUstream s, bool* learnt) {

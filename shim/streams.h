@@ -50,6 +50,13 @@ struct LastStream {
 };
 inline thread_local LastStream t_last_stream __attribute__((tls_model("initial-exec")));
 
+namespace detail {
+// The calling thread's per-thread default stream, made by its first use (per_thread()).
+// Trivially destructible, so no thread-exit destructor runs; the info is never freed.
+// initial-exec: the library is preloaded (static TLS), and this avoids __tls_get_addr.
+inline thread_local StreamInfo* t_per_thread __attribute__((tls_model("initial-exec"))) = nullptr;
+}  // namespace detail
+
 class StreamRegistry {
  public:
   StreamInfo* legacy() { return &legacy_; }
@@ -72,14 +79,16 @@ class StreamRegistry {
     }
     return resolve_slow(s, learnt);
   }
-  // resolve() where it needs no call and learns nothing: the legacy stream, or the calling
-  // thread's last created stream when `s` is that one and still alive. Else null.
+  // resolve() where it needs no call and learns nothing: the calling thread's last created
+  // stream when `s` is that one and still alive, the legacy stream, or the thread's per-thread
+  // default stream once it has been made. Else null.
   StreamInfo* known(CUstream s, bool ptsz) {
     const LastStream& last = t_last_stream;
     if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {
       return last.info;
     }
-    if (!ptsz && (s == nullptr || s == CU_STREAM_LEGACY)) return legacy();
+    if (s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr)) return detail::t_per_thread;
+    if (s == nullptr || s == CU_STREAM_LEGACY) return legacy();
     return nullptr;
   }
   // A stream the process just created in `ctx`.

@@ -37,9 +37,10 @@ CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_
 
 // Each hook has a general path, which handles every case (passthrough, a thread's first call,
 // a new stream or context, captures, single_stream, the profile), and a hot path in front of
-// it for what a loop of cached pairs meets: a known context, the legacy stream or the thread's
-// last created stream, nothing else to do (hot_state()). The hot paths call nothing but the allocator and, for
-// cudaMalloc, the driver's current context, so they build no frame of their own.
+// it for what a loop of cached pairs meets: a known context, a stream the thread already knows
+// (StreamRegistry::known), nothing else to do (hot_state()). The hot paths call the allocator
+// and, where no stream names the context (cudaMalloc, the default streams), the driver for the
+// current one; whatever else they would need is the general path's.
 
 CUDALLOC_NOINLINE CUresult mem_alloc_general(CUdeviceptr* dptr, std::size_t bytes) {
   profile::Scope timed(profile::Site::kMemAlloc);

@@ -69,19 +69,16 @@ class StreamRegistry {
   // for what the slow path needs.
   StreamInfo* resolve(CUstream s, bool ptsz, bool* learnt = nullptr) {
     if (learnt) *learnt = false;
+    if (StreamInfo* si = known(s, ptsz)) return si;
+    // The thread's first use of its per-thread default stream makes it.
     if (s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr)) return per_thread();
-    if (s == nullptr || s == CU_STREAM_LEGACY) return legacy();
-    // StreamInfo objects are never freed; a destroyed or replaced stream's info is marked dead,
-    // which sends the next call to the registry.
-    const LastStream& last = t_last_stream;
-    if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {
-      return last.info;
-    }
     return resolve_slow(s, learnt);
   }
   // resolve() where it needs no call and learns nothing: the calling thread's last created
   // stream when `s` is that one and still alive, the legacy stream, or the thread's per-thread
-  // default stream once it has been made. Else null.
+  // default stream once it has been made. Else null. (StreamInfo objects are never freed; a
+  // destroyed or replaced stream's info is marked dead, which sends the next call to the
+  // registry.)
   StreamInfo* known(CUstream s, bool ptsz) {
     const LastStream& last = t_last_stream;
     if (last.registry == this && last.handle == s && last.info->alive.load(std::memory_order_acquire)) {

@@ -4,11 +4,15 @@
 // the development machine (one command line):
 //   LD_PRELOAD=build/shim/libcudalloc.so LD_LIBRARY_PATH=build/tests/fake_driver
 //   FAKE_CUDA_LOOKUP_TSV=tests/fake_driver/cudart13-driver-lookups.tsv build/bench/shim_pairs
+// --threads T: T threads, each on a non-blocking stream of its own (as bench/pairs.cu's), run
+// --iters cudaMalloc-path pairs of 64 KiB (or --size) at once; prints the pairs per second.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "client.h"
@@ -42,16 +46,51 @@ static void pairs(const char* name, std::size_t size, CUstream stream, bool asyn
               ns[ns.size() * 99 / 100]);
 }
 
+static void threads(int n, std::size_t size, int iters) {
+  auto& c = client::client();
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n; ++t) {
+    ts.emplace_back([&] {
+      CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+      CUstream s = nullptr;
+      CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+      auto pair = [&] {
+        CUdeviceptr p = 0;
+        CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, size) == CUDA_SUCCESS);
+        CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+      };
+      for (int i = 0; i < 2000; ++i) pair();  // past the first fenced batch
+      ready++;
+      while (!go) std::this_thread::yield();
+      for (int i = 0; i < iters; ++i) pair();
+    });
+  }
+  while (ready < n) std::this_thread::yield();
+  const auto t0 = Clock::now();
+  go = true;
+  for (auto& t : ts) t.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("shim threads=%d size=%zu pairs_per_s=%.0f\n", n, size, n * iters / secs);
+}
+
 int main(int argc, char** argv) {
   int iters = 2000000;
   const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy|cuMemFreeAsyncPerThread
   std::size_t only_size = 0;
+  int nthreads = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--only")) only = argv[++i];
     if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
+    if (!std::strcmp(argv[i], "--threads")) nthreads = std::atoi(argv[++i]);
   }
   g_only = only;
+  if (nthreads > 0) {
+    threads(nthreads, only_size != 0 ? only_size : 64 << 10, iters);
+    return 0;
+  }
   auto& c = client::client();
   CUstream s = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);

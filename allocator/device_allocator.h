@@ -83,6 +83,12 @@ class DeviceAllocator {
   // Not owned; called under the device lock. Null to stop.
   void set_observer(AllocatorObserver* observer);
 
+  // In a fork child: the calling thread (the only one) drops its ties to every allocator's
+  // thread caches without locking anything. The parent's allocators are abandoned there, and
+  // their locks may have been held by threads that do not exist in the child; at exit this
+  // thread would otherwise hand its caches back to them, under those locks.
+  static void abandon_thread_caches_after_fork();
+
   struct Impl;
 
  private:

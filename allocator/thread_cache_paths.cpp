@@ -54,6 +54,14 @@ thread_local LocalCaches t_local;
 
 }  // namespace
 
+void DeviceAllocator::abandon_thread_caches_after_fork() {
+  t_last_id = 0;
+  t_last_cache = nullptr;
+  // Leaked, not destroyed: the caches belong to the abandoned allocators.
+  new std::vector<LocalEntry>(std::move(t_local.entries));
+  t_local.entries.clear();
+}
+
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
   if (t_last_id == id) [[likely]] return t_last_cache;
   for (LocalEntry& e : t_local.entries) {

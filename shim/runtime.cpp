@@ -32,6 +32,7 @@ std::mutex g_init_mutex;
 // other threads would stay locked forever: it starts over with empty state (the old is leaked).
 void after_fork_in_child() {
   new (&g_init_mutex) std::mutex;
+  DeviceAllocator::abandon_thread_caches_after_fork();
   log_reset_after_fork();
   tracing_after_fork_child();
   nvtx_after_fork_child();

@@ -251,17 +251,7 @@ void DriverBackend::wait_behind(CUstream s, CUevent e) {
   driver().cuEventSynchronize(e);
 }
 
-void DriverBackend::settle_reuse() {
-  CUevent mark = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    if (dead_) return;
-    mark = order_mark_.load(std::memory_order_relaxed);
-  }
-  if (mark == nullptr) return;
-  CurrentContext current(ctx_);
-  driver().cuEventSynchronize(mark);
-}
+bool DriverBackend::settle_reuse() { return record_device_fence()->wait(); }
 
 void DriverBackend::end_ordered_era() {
   if (dead()) return;

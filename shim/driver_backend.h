@@ -50,10 +50,11 @@ class DriverBackend final : public SegmentBackend {
   void add_stream(StreamInfo* s, bool helper = false);
   // A helper stream met in a memory call: from now on it counts as the program's own.
   void unmark_helper(StreamInfo* s);
-  // Blocks until the last fence that ordered reuse has completed: then no block handed out
-  // under one is still used by its previous owner's work (another process, given an IPC
-  // handle, would not be ordered behind that work). Nothing to do if none was recorded.
-  void settle_reuse();
+  // Blocks until the device work queued so far on the context's streams is done: then no
+  // block handed out again, in stream order or after an ordering fence, is still used by its
+  // previous owner's work. (Another process, given an IPC handle, is ordered behind none of
+  // it.) False, waiting for nothing, while a capture is on and that work is not done.
+  bool settle_reuse();
   // Called before the stream is destroyed: remembers an event after its last work.
   void remove_stream(StreamInfo* s);
   // single_stream's end (single_stream.h): an event on the legacy stream behind the work

@@ -315,7 +315,14 @@ CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr p
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_INVALID_VALUE;
   if (info->base == info->segment_base) {
-    owner->backend.settle_reuse();  // the block's last owner's work may still be queued
+    // The block's last owner's work may still be queued: the importer is not ordered behind it.
+    if (!owner->backend.settle_reuse()) {
+      log_error("cuIpcGetMemHandle(0x%llx): a stream capture is on, and device work queued before it may still "
+                "use this block's memory for its previous owner, and waiting for it now would break the capture; "
+                "export the handle after the capture ends.",
+                static_cast<unsigned long long>(ptr));
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return d.cuIpcGetMemHandle(handle, ptr);
   }
   log_error("cuIpcGetMemHandle(0x%llx): this block lies inside a larger cached segment (at offset %zu) and an "

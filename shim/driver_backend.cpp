@@ -142,6 +142,26 @@ class SyncFence final : public Fence {
   bool synced_ = false;
 };
 
+// An event on a stream of another context (a block freed in the order of another device's
+// stream): created in that context, and destroyed with the fence rather than pooled, since the
+// backend's pool holds its own context's events.
+class ForeignEventFence final : public Fence {
+ public:
+  ForeignEventFence(DriverBackend* b, CUevent e) : backend_(b), event_(e) {}
+  ~ForeignEventFence() override { driver().cuEventDestroy_v2(event_); }
+  bool done() override { return event_done(event_); }
+  bool wait() override {
+    if (backend_->captures().any()) return done();  // synchronizing now could break a capture
+    profile::Scope timed(profile::Site::kFenceWait);
+    driver().cuEventSynchronize(event_);
+    return true;
+  }
+
+ private:
+  DriverBackend* backend_;
+  CUevent event_;
+};
+
 // Recorded while a capture was on: becomes a device fence once no capture is on.
 class DeferredFence final : public Fence {
  public:
@@ -380,12 +400,10 @@ std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
   if (stream == kNoStream || captures_.any()) return record_device_fence();
   StreamInfo* info = info_of(stream);
   CUstream handle = nullptr;
-  // Another thread's per-thread stream, a destroyed stream or one of another context: the
-  // device fence covers it (destroyed non-blocking streams through their tails).
-  if (!driver_handle(info, &handle) ||
-      (info->kind == StreamInfo::Kind::kCreated && info->ctx != ctx_)) {
-    return device_fence_now();
-  }
+  // Another thread's per-thread stream or a destroyed stream: the device fence covers it
+  // (destroyed non-blocking streams through their tails).
+  if (!driver_handle(info, &handle)) return device_fence_now();
+  if (info->kind == StreamInfo::Kind::kCreated && info->ctx != ctx_) return foreign_fence(info->ctx, handle);
   profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   CUevent e = take_event();
@@ -398,6 +416,22 @@ std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
   give_event(e);
   if (r == CUDA_ERROR_DEINITIALIZED) return std::make_unique<DoneFence>();
   return device_fence_now();
+}
+
+// This context's device fence does not cover another context's stream: an event there does.
+// Without one the host waits for the stream now.
+std::unique_ptr<Fence> DriverBackend::foreign_fence(CUcontext ctx, CUstream handle) {
+  profile::Scope timed(profile::Site::kFenceRecord);
+  CurrentContext current(ctx);
+  CUevent e = nullptr;
+  if (driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+    if (driver().cuEventRecord(e, handle) == CUDA_SUCCESS) return std::make_unique<ForeignEventFence>(this, e);
+    driver().cuEventDestroy_v2(e);
+  }
+  log_debug("no event could be recorded on stream %p of another context; synchronizing it",
+            static_cast<void*>(handle));
+  driver().cuStreamSynchronize(handle);
+  return std::make_unique<DoneFence>();
 }
 
 Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {

@@ -70,6 +70,8 @@ class DriverBackend final : public SegmentBackend {
   // --- for the fences
   struct Tail;
   std::unique_ptr<Fence> device_fence_now();
+  // A fence on `handle`, a stream of context `ctx` (not this backend's).
+  std::unique_ptr<Fence> foreign_fence(CUcontext ctx, CUstream handle);
   CUevent take_event();
   void give_event(CUevent e);
   const CaptureTracker& captures() const { return captures_; }

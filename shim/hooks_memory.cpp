@@ -274,19 +274,18 @@ bool block_attribute(const AllocationInfo& info, CUpointer_attribute attr, void*
 }
 }  // namespace
 
+// Memory of a cached segment that no live block covers is, to the program, freed: not a valid
+// pointer, whatever the driver knows of the segment around it.
 CUDALLOC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
-  if (ps == nullptr || data == nullptr ||
-      (attr != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attr != CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
-    return d.cuPointerGetAttribute(data, attr, ptr);
-  }
+  if (ps == nullptr || data == nullptr) return d.cuPointerGetAttribute(data, attr, ptr);
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return d.cuPointerGetAttribute(data, attr, ptr);
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_INVALID_VALUE;
-  block_attribute(*info, attr, data);
-  return CUDA_SUCCESS;
+  if (block_attribute(*info, attr, data)) return CUDA_SUCCESS;
+  return d.cuPointerGetAttribute(data, attr, ptr);
 }
 
 CUDALLOC_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attrs, void** data,
@@ -297,7 +296,9 @@ CUDALLOC_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_at
   ContextState* owner = ps->contexts.owner(ptr);
   if (owner == nullptr) return r;
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
-  if (!info) return r;
+  // Freed: the driver's answer for a pointer that is not CUDA memory (its defaults, not an
+  // error), which it gives for null.
+  if (!info) return driver().cuPointerGetAttributes(count, attrs, data, 0);
   for (unsigned i = 0; i < count; ++i) {
     if (data[i] != nullptr) block_attribute(*info, attrs[i], data[i]);
   }

@@ -163,6 +163,38 @@ TEST_CASE("every block is 512-byte aligned; address range and attributes describ
   for (CUdeviceptr p : ptrs) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
 }
 
+TEST_CASE("a freed block's memory is not a valid pointer, though its segment stays cached", "[semantics]") {
+  Client& c = client::client();
+  CUdeviceptr a = 0, b = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&a, 4096) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemAlloc_v2(&b, 4096) == CUDA_SUCCESS);  // keeps the segment in use
+  unsigned type = 0;
+  REQUIRE(c.api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) == CUDA_SUCCESS);
+  CHECK(type == CU_MEMORYTYPE_DEVICE);
+  REQUIRE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);
+  type = 12345;
+  CHECK(c.api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) == CUDA_ERROR_INVALID_VALUE);
+  CUcontext ctx = nullptr;
+  CHECK(c.api.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, a + 100) == CUDA_ERROR_INVALID_VALUE);
+  // The plural call answers as for memory that is not CUDA's: success, with the defaults.
+  auto* attrs = c.get<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>("cuPointerGetAttributes");
+  REQUIRE(attrs != nullptr);
+  CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  ctx = reinterpret_cast<CUcontext>(1);
+  unsigned type2 = 7;
+  size_t size = 7;
+  void* out[3] = {&ctx, &type2, &size};
+  CHECK(attrs(3, which, out, a) == CUDA_SUCCESS);
+  CHECK(ctx == nullptr);
+  CHECK(type2 == 0);
+  CHECK(size == 0);
+  // The live neighbour is still described as before.
+  REQUIRE(c.api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b) == CUDA_SUCCESS);
+  CHECK(type == CU_MEMORYTYPE_DEVICE);
+  REQUIRE(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
+}
+
 TEST_CASE("cuMemAllocPitch validates and rounds like the driver", "[semantics]") {
   Client& c = client::client();
   auto* pitch_alloc = c.get<CUresult (*)(CUdeviceptr*, size_t*, size_t, size_t, unsigned)>("cuMemAllocPitch");

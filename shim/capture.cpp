@@ -7,6 +7,16 @@
 
 namespace cudalloc::shim {
 
+RelaxedCaptureMode::RelaxedCaptureMode(bool capturing) {
+  auto* exchange = driver().cuThreadExchangeStreamCaptureMode;
+  if (!capturing || exchange == nullptr) return;
+  exchanged_ = exchange(&mode_) == CUDA_SUCCESS;  // mode_ now holds the thread's own mode
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (exchanged_) driver().cuThreadExchangeStreamCaptureMode(&mode_);
+}
+
 void CaptureTracker::begin(StreamInfo* s) {
   std::lock_guard lock(mutex_);
   capturing_.push_back(s);

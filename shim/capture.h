@@ -23,6 +23,23 @@ struct ParkedFree {
   bool in_graph = false;         // the freeing stream itself was being captured
 };
 
+// For a scope in which cudalloc asks the driver for memory (cuMemAlloc, cuMemAddressReserve,
+// cuMemCreate/Map/SetAccess): while a capture is on, the calling thread's capture mode is
+// relaxed. In global mode the driver fails those calls and invalidates the program's capture,
+// though they touch no stream; a cache miss must not do what a hit does not. (PyTorch's
+// allocator relaxes its cudaMalloc the same way.)
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(bool capturing);
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
+};
+
 class CaptureTracker {
  public:
   // Any capture on, anywhere in the process. One atomic load: the hot paths ask this.

@@ -57,6 +57,7 @@ namespace cudalloc::shim {
   X(cuStreamGetFlags, CUresult(CUstream, unsigned int*))                                       \
   X(cuStreamGetCtx, CUresult(CUstream, CUcontext*))                                            \
   X(cuStreamIsCapturing, CUresult(CUstream, CUstreamCaptureStatus*))                           \
+  X(cuThreadExchangeStreamCaptureMode, CUresult(CUstreamCaptureMode*))                          \
   X(cuStreamIsCapturing_ptsz, CUresult(CUstream, CUstreamCaptureStatus*))                      \
   X(cuStreamBeginCapture, CUresult(CUstream))                                                  \
   X(cuStreamBeginCapture_ptsz, CUresult(CUstream))                                             \

@@ -440,6 +440,7 @@ Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
   flush_deferred_frees();
   profile::Scope timed(profile::Site::kSegmentAlloc);
   CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
   CUdeviceptr p = 0;
   const CUresult r = driver().cuMemAlloc_v2(&p, bytes);
   if (r != CUDA_SUCCESS) return to_status(r);
@@ -506,6 +507,7 @@ Status DriverBackend::reserve_address(std::size_t bytes, DevicePtr* out) {
   *out = 0;
   if (dead()) return Status::kBackendError;
   CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
   CUdeviceptr p = 0;
   const CUresult r = driver().cuMemAddressReserve(&p, bytes, vm_granularity(), 0, 0);
   if (r != CUDA_SUCCESS) return to_status(r);
@@ -525,6 +527,7 @@ Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
   const CUmemAllocationProp prop = device_prop(device_);
   CUmemGenericAllocationHandle h = 0;
   CUresult r = d.cuMemCreate(&h, bytes, &prop, 0);

@@ -564,6 +564,31 @@ TEST_CASE("capture: async calls become graph memory, frees are parked, the captu
   REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
 }
 
+TEST_CASE("capture: a miss outside the capturing stream cuts new memory and leaves the capture intact",
+          "[capture]") {
+  // The driver forbids cuMemAlloc in global capture mode (it would fail, and invalidate the
+  // capture); cudalloc's own segment calls run relaxed. cudaMallocAsync on another stream is
+  // legal natively; cudaMalloc is served too, as a cached one already is.
+  Client& c = client::client();
+  CUstream s = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUstream other = make_stream(c, CU_STREAM_NON_BLOCKING);
+  REQUIRE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUdeviceptr a = 0, b = 0;
+  CHECK(c.api.cuMemAllocAsync(&a, (40 << 20) + 4096, other) == CUDA_SUCCESS);  // nothing cached fits
+  CHECK(c.api.cuMemAlloc_v2(&b, (72 << 20) + 4096) == CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  CHECK(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);  // not invalidated
+  CHECK(a != 0);
+  CHECK(b != 0);
+  if (a != 0) CHECK(c.api.cuMemFreeAsync(a, other) == CUDA_SUCCESS);
+  if (b != 0) CHECK(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
+  auto* graph_destroy = c.get<CUresult (*)(CUgraph)>("cuGraphDestroy");
+  if (graph_destroy && graph) graph_destroy(graph);
+  REQUIRE(c.api.cuStreamSynchronize(other) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(other) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
+}
+
 TEST_CASE("IPC of a block that starts its segment works; of a sub-allocated block it fails", "[ipc]") {
   Client& c = client::client();
   CUdeviceptr big = 0;

@@ -80,6 +80,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   ++tick;
   ++stats.num_locked_allocs;
   merge_deltas();
+  device_error = Status::kOk;
   // Past this, rounding would overflow; no device has that much memory anyway.
   constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
   const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
@@ -127,6 +128,10 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       collect_garbage();
       b = obtain(stream, rounded, kind);
     }
+    if (b == nullptr && device_error != Status::kOk) {
+      notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
+      return device_error;
+    }
     if (b == nullptr && release_oversize(rounded)) b = obtain(stream, rounded, kind);
     if (b == nullptr) {
       ++stats.num_alloc_retries;
@@ -134,6 +139,10 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       b = blocks.find(stream, rounded, kind);
       if (b == nullptr) b = obtain(stream, rounded, kind);
     }
+  }
+  if (b == nullptr && device_error != Status::kOk) {
+    notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
+    return device_error;
   }
   if (b == nullptr) {
     ++stats.num_ooms;

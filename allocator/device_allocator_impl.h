@@ -163,6 +163,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   bool fits_under_limit(std::size_t bytes) const override;
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
+  void note_device_error(Status error) override;
+  // Set when the device refused memory with an error other than out of memory (a capture that
+  // forbids the call, a broken context): releasing cache and retrying cannot help, and the
+  // program gets that error, not an out-of-memory report. Reset by each locked allocation.
+  Status device_error = Status::kOk;
 
   // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
   bool room_for(std::size_t bytes) const;

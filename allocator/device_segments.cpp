@@ -21,6 +21,10 @@ void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, 
   notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
 }
 
+void Impl::note_device_error(Status error) {
+  if (error == Status::kBackendError || error == Status::kDeinitialized) device_error = error;
+}
+
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);
   ++stats.num_device_free;
@@ -32,7 +36,10 @@ Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind
   const std::size_t size = SizeClasses::segment_size(rounded);
   if (!fits_under_limit(size)) return nullptr;
   DevicePtr base = 0;
-  if (backend.allocate_segment(size, &base) != Status::kOk) return nullptr;
+  if (const Status st = backend.allocate_segment(size, &base); st != Status::kOk) {
+    note_device_error(st);
+    return nullptr;
+  }
   Segment* s = segments.add(base, size, kind, stream);
   add_stat(stats.segment, kind, 1);
   if (sizes.is_oversize(size)) ++stats.oversize_segments;

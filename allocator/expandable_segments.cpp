@@ -16,7 +16,11 @@ Segment* ExpandableSegments::segment_for(StreamHandle stream, PoolKind kind) {
   const std::size_t g = backend_.vm_granularity();
   const std::size_t va = (backend_.total_memory() + ledger_.device_limit() + g - 1) / g * g;
   DevicePtr base = 0;
-  if (va == 0 || backend_.reserve_address(va, &base) != Status::kOk) return nullptr;
+  if (va == 0) return nullptr;
+  if (const Status st = backend_.reserve_address(va, &base); st != Status::kOk) {
+    ledger_.note_device_error(st);
+    return nullptr;
+  }
   Segment* s = segments_.add_expandable(base, va, kind, stream);
   blocks_.insert(s->first);
   add_stat(stats_.segment, kind, 1);
@@ -36,7 +40,10 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
     if (have + u->size < rounded) continue;
     const std::size_t need = std::min(u->size, (rounded - have + g - 1) / g * g);
     if (!ledger_.fits_under_limit(need)) return nullptr;
-    if (backend_.map(u->ptr, need) != Status::kOk) return nullptr;
+    if (const Status st = backend_.map(u->ptr, need); st != Status::kOk) {
+      ledger_.note_device_error(st);
+      return nullptr;
+    }
     s->chunks.emplace(u->ptr, need);
     segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
     ledger_.note_device_alloc(kind, stream, u->ptr, need);

@@ -32,6 +32,8 @@ class SegmentLedger {
   // on `stream`; the segment table already counts the change.
   virtual void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
   virtual void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
+  // The device refused memory with `error`, not for want of it (see Impl::device_error).
+  virtual void note_device_error(Status error) = 0;
 
  protected:
   ~SegmentLedger() = default;

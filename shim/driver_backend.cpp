@@ -1,6 +1,7 @@
 #include "shim/driver_backend.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
@@ -11,13 +12,21 @@ namespace cudalloc::shim {
 
 namespace {
 
+// The driver's own error behind the calling thread's last kBackendError, for the program.
+thread_local CUresult t_refusal = CUDA_SUCCESS;
+
+Status refuse(CUresult r) {
+  t_refusal = r;
+  return Status::kBackendError;
+}
+
 Status to_status(CUresult r) {
   switch (r) {
     case CUDA_SUCCESS: return Status::kOk;
     case CUDA_ERROR_OUT_OF_MEMORY: return Status::kOutOfMemory;
     case CUDA_ERROR_DEINITIALIZED: return Status::kDeinitialized;
     case CUDA_ERROR_INVALID_VALUE: return Status::kInvalidValue;
-    default: return Status::kBackendError;
+    default: return refuse(r);
   }
 }
 
@@ -187,6 +196,8 @@ class DeferredFence final : public Fence {
 };
 
 }  // namespace
+
+CUresult DriverBackend::take_refusal() { return std::exchange(t_refusal, CUDA_SUCCESS); }
 
 DriverBackend::DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures)
     : ctx_(ctx), device_(device), captures_(captures) {
@@ -436,7 +447,7 @@ std::unique_ptr<Fence> DriverBackend::foreign_fence(CUcontext ctx, CUstream hand
 
 Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
   *out = 0;
-  if (dead()) return Status::kBackendError;
+  if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   flush_deferred_frees();
   profile::Scope timed(profile::Site::kSegmentAlloc);
   CurrentContext current(ctx_);
@@ -505,7 +516,7 @@ std::size_t DriverBackend::vm_granularity() const {
 
 Status DriverBackend::reserve_address(std::size_t bytes, DevicePtr* out) {
   *out = 0;
-  if (dead()) return Status::kBackendError;
+  if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   CurrentContext current(ctx_);
   RelaxedCaptureMode relaxed(captures_.any());
   CUdeviceptr p = 0;
@@ -523,7 +534,7 @@ Status DriverBackend::free_address(DevicePtr base, std::size_t bytes) {
 }
 
 Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
-  if (dead()) return Status::kBackendError;
+  if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);

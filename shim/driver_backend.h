@@ -70,6 +70,9 @@ class DriverBackend final : public SegmentBackend {
   // --- for the fences
   struct Tail;
   std::unique_ptr<Fence> device_fence_now();
+  // The driver's error behind this thread's last Status::kBackendError (CUDA_SUCCESS if none),
+  // taken once.
+  static CUresult take_refusal();
   // A fence on `handle`, a stream of context `ctx` (not this backend's).
   std::unique_ptr<Fence> foreign_fence(CUcontext ctx, CUstream handle);
   CUevent take_event();

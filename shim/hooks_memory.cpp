@@ -24,6 +24,15 @@ CUDALLOC_NOINLINE CUresult out_of_memory(ContextState& s, std::size_t bytes) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+// New memory refused by the driver for another reason than its size: its own error.
+CUDALLOC_NOINLINE CUresult refused(ContextState& s, std::size_t bytes, Status st) {
+  const CUresult r = DriverBackend::take_refusal();
+  log_error("allocating %zu bytes on device %d: the driver refused new memory (error %d); nothing cached was "
+            "released",
+            bytes, static_cast<int>(s.device), static_cast<int>(r != CUDA_SUCCESS ? r : to_cuda(st)));
+  return r != CUDA_SUCCESS ? r : to_cuda(st);
+}
+
 CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {
   DevicePtr p = 0;
   const Status st = s.allocator.allocate(bytes, stream, &p, async);
@@ -32,6 +41,7 @@ CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_
     return CUDA_SUCCESS;
   }
   if (st == Status::kOutOfMemory) return out_of_memory(s, bytes);
+  if (st == Status::kBackendError) return refused(s, bytes, st);
   return to_cuda(st);
 }
 

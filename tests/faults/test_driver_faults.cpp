@@ -67,15 +67,16 @@ TEST_CASE("cuMemAlloc failing at the chosen call: the ladder retries, then OUT_O
     CHECK(all_equal(p, 300 * kMiB, 0x11));
     REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   }
-  SECTION("a driver error other than out-of-memory is passed on, and nothing is cached wrongly") {
-    for (int i = 0; i < 64; ++i) c.fail_next("cuMemAlloc", 0, CUDA_ERROR_UNKNOWN);
+  SECTION("a driver error other than out-of-memory is passed on as is, and nothing is released for it") {
+    for (int i = 0; i < 64; ++i) c.fail_next("cuMemAlloc", 0, CUDA_ERROR_ECC_UNCORRECTABLE);
     CUdeviceptr p = 0xbad;
     const std::uint64_t calls = c.call_count("cuMemAlloc");
+    const std::uint64_t frees = c.call_count("cuMemFree");
     const CUresult r = c.api.cuMemAlloc_v2(&p, fresh_size(900));  // larger than anything cached
     clear_failures()();
-    CHECK(c.call_count("cuMemAlloc") > calls);
-    CHECK(r != CUDA_SUCCESS);
-    CHECK((r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_UNKNOWN));
+    CHECK(r == CUDA_ERROR_ECC_UNCORRECTABLE);
+    CHECK(c.call_count("cuMemAlloc") == calls + 1);  // not retried: the ladder cannot help
+    CHECK(c.call_count("cuMemFree") == frees);       // and no cached segment was given back
     REQUIRE(c.api.cuMemAlloc_v2(&p, fresh_size(900)) == CUDA_SUCCESS);
     REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   }

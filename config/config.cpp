@@ -257,8 +257,8 @@ std::string parse_roundup(std::string_view value,
       "expected a power of two (0 or 1: no rounding) or a list such as "
       "[256:1,512:2,1024:4,>:8]";
   constexpr std::string_view list_expected =
-      "expected [K:D,...,>:D] with K a power-of-two size in MiB, increasing, D a power of two "
-      "or 0, and an optional final >:D";
+      "expected [K:D,...,>:D] with K a power-of-two size in MiB, D a power of two or 0, and an "
+      "optional final >:D";
   std::string why;
 
   if (value.front() != '[') {
@@ -320,10 +320,11 @@ std::string parse_roundup(std::string_view value,
     }
     const auto divisions = static_cast<std::size_t>(d);
 
+    // PyTorch's reading (c10 AllocatorConfig): the first key also covers every smaller
+    // interval, each later key only its own, '>' every interval above the last key's; the
+    // rest is not rounded. So a config copied from PyTorch rounds the same sizes.
     if (size_text == ">") {
-      // Every interval above the last explicit one (all of them when there is none).
-      const std::size_t from = have_key ? last_index + 1 : 0;
-      std::fill(result.begin() + static_cast<std::ptrdiff_t>(from), result.end(), divisions);
+      std::fill(result.begin() + static_cast<std::ptrdiff_t>(last_index + 1), result.end(), divisions);
       have_rest = true;
     } else {
       std::uint64_t mb = 0;
@@ -338,16 +339,8 @@ std::string parse_roundup(std::string_view value,
                               std::string(list_expected));
       }
       const std::size_t index = roundup_index(mb);
-      if (have_key && index <= last_index) {
-        return conf_error(key, value,
-                          "size " + std::to_string(mb) +
-                              " MiB does not come after the previous size's interval; " +
-                              std::string(list_expected));
-      }
-      // The first key also covers every smaller interval (as in PyTorch); each key's value
-      // holds up to the next key, or to the end when no key or '>' follows.
-      const std::size_t from = have_key ? index : 0;
-      std::fill(result.begin() + static_cast<std::ptrdiff_t>(from), result.end(), divisions);
+      if (!have_key) std::fill(result.begin(), result.begin() + static_cast<std::ptrdiff_t>(index), divisions);
+      result[index] = divisions;
       have_key = true;
       last_index = index;
     }
@@ -454,6 +447,8 @@ std::string handle_entry(std::string_view entry, unsigned& seen, Config& c) {
            "' is not accepted: empty key, expected key:value";
   }
 
+  // PyTorch's default backend is what cudalloc is: a config copied from PyTorch may name it.
+  if (key == "backend" && value == "native") return {};
   unsigned index = 0;
   while (index < kKeyNames.size() && kKeyNames[index] != key) ++index;
   if (index == kKeyNames.size()) {
@@ -655,19 +650,24 @@ std::string format_mb(std::size_t bytes) {
   return std::to_string(bytes) + "B";
 }
 
-// The divisions table in the list syntax parse_alloc_conf reads back: one K:D per run of
-// equal intervals, K being the run's first interval (1 MiB for the first run).
+// The divisions table in the list syntax parse_alloc_conf reads back: K:D for the run of equal
+// values the table starts with (the first key covers every smaller interval), K:D for each
+// later interval that rounds, and '>:D' for a run of equal values to the end (after a key for
+// the interval just before it).
 std::string format_roundup(const std::array<std::size_t, kRoundupIntervals>& d) {
   const bool uniform = std::all_of(d.begin(), d.end(), [&](std::size_t v) { return v == d[0]; });
   if (uniform) return d[0] <= 1 ? std::string("off") : std::to_string(d[0]);
-  std::string out = "[";
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    if (i > 0 && d[i] == d[i - 1]) continue;
-    if (i > 0) out += ',';
-    out += std::to_string(std::size_t{1} << i);
-    out += ':';
-    out += std::to_string(d[i]);
+  std::size_t rest = d.size();  // where the run of equal values to the end starts, if it rounds
+  while (rest > 1 && d[rest - 1] == d.back()) --rest;
+  if (d.back() == 0 || rest == d.size() - 1) rest = d.size();
+  std::size_t lead = 0;
+  while (lead + 1 < rest && d[lead + 1] == d[0]) ++lead;
+  std::string out = '[' + std::to_string(std::size_t{1} << lead) + ':' + std::to_string(d[0]);
+  for (std::size_t i = lead + 1; i < rest; ++i) {
+    if (d[i] == 0 && !(rest < d.size() && i + 1 == rest)) continue;
+    out += ',' + std::to_string(std::size_t{1} << i) + ':' + std::to_string(d[i]);
   }
+  if (rest < d.size()) out += ",>:" + std::to_string(d.back());
   out += ']';
   return out;
 }

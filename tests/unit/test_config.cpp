@@ -231,18 +231,28 @@ TEST_CASE("roundup_power2_divisions list form", "[config]") {
     CHECK(d[10] == 4);  // 1 GiB
     for (std::size_t i = 11; i < kRoundupIntervals; ++i) CHECK(d[i] == 8);
   }
-  SECTION("values fill forward to the next key, and to the end without '>'") {
+  SECTION("as in PyTorch, a later key sets its own interval only: the others are not rounded") {
     const Divisions d =
         parse_ok("roundup_power2_divisions:[ 1 : 2 , 64 : 4 , 4096 : 16 ]").allocator.roundup_power2_divisions;
-    const Divisions want = {2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 16, 16, 16, 16};
+    const Divisions want = {2, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 16, 0, 0, 0};
     CHECK(d == want);
+  }
+  SECTION("as in PyTorch, keys in any order; a repeated key's last value holds") {
+    const Divisions d =
+        parse_ok("roundup_power2_divisions:[512:2,256:1,256:4]").allocator.roundup_power2_divisions;
+    const Divisions want = {2, 2, 2, 2, 2, 2, 2, 2, 4, 2, 0, 0, 0, 0, 0, 0};
+    CHECK(d == want);
+    // '>' covers the intervals above the last key given, here 256 MiB's.
+    const Divisions e = parse_ok("roundup_power2_divisions:[512:2,256:1,>:8]").allocator.roundup_power2_divisions;
+    const Divisions want_e = {2, 2, 2, 2, 2, 2, 2, 2, 1, 8, 8, 8, 8, 8, 8, 8};
+    CHECK(e == want_e);
   }
   SECTION("the list replaces the whole table, whatever the base") {
     Config base;
     base.allocator.roundup_power2_divisions.fill(32);
     const Divisions d =
         parse_ok("roundup_power2_divisions:[2:0,8:8]", base).allocator.roundup_power2_divisions;
-    const Divisions want = {0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    const Divisions want = {0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     CHECK(d == want);
   }
   SECTION("keys beyond 32 GiB land in the last interval") {
@@ -253,10 +263,11 @@ TEST_CASE("roundup_power2_divisions list form", "[config]") {
     CHECK(d[15] == 4);
     CHECK(d[0] == 2);
   }
-  SECTION("'>' alone sets every interval") {
-    Divisions eight;
-    eight.fill(8);
-    CHECK(parse_ok("roundup_power2_divisions:[>:8]").allocator.roundup_power2_divisions == eight);
+  SECTION("'>' alone sets every interval above the first, as in PyTorch") {
+    Divisions want;
+    want.fill(8);
+    want[0] = 0;
+    CHECK(parse_ok("roundup_power2_divisions:[>:8]").allocator.roundup_power2_divisions == want);
   }
   SECTION("combined with other keys (commas inside brackets)") {
     const Config c = parse_ok(
@@ -287,9 +298,6 @@ TEST_CASE("roundup_power2_divisions list errors", "[config]") {
       {"[256:x]", "divisions 'x': not a number"},
       {"[256:-1]", "divisions '-1': negative"},
       {"[abc:2]", "size 'abc': not a number"},
-      {"[512:2,256:1]", "256 MiB does not come after"},
-      {"[256:2,256:4]", "256 MiB does not come after"},
-      {"[32768:2,65536:4]", "65536 MiB does not come after"},
       {"[>:8,256:1]", "'>' must be the last"},
       {"[256:1,>:2,>:4]", "'>' must be the last"},
       {"[256:99999999999999999999]", "number too large"},
@@ -374,6 +382,14 @@ TEST_CASE("PyTorch keys cudalloc does not implement", "[config]") {
   }
 }
 
+TEST_CASE("backend:native, PyTorch's default, is accepted and changes nothing", "[config]") {
+  const Config c = parse_ok("backend:native,max_split_size_mb:64");
+  CHECK(c.allocator.max_split_size == 64 * kOneMiB);
+  Config plain;
+  plain.allocator.max_split_size = 64 * kOneMiB;
+  CHECK(describe(c) == describe(plain));
+}
+
 TEST_CASE("duplicate keys", "[config]") {
   const std::string e = parse_err("max_split_size_mb:64,free_sync:true,max_split_size_mb:128");
   CHECK(contains(e, "max_split_size_mb:128 is not accepted: duplicate key"));
@@ -403,9 +419,9 @@ TEST_CASE("hostile input", "[config]") {
   SECTION("1 MB of list entries") {
     std::string text = "roundup_power2_divisions:[";
     while (text.size() < (1u << 20)) text += "1:1,";
-    text += "1:1]";
+    text += "1:3]";
     const std::string e = parse_err(text);
-    CHECK(contains(e, "does not come after"));
+    CHECK(contains(e, "divisions 3 is not a power of two"));
     CHECK(e.size() < 600);
   }
   SECTION("1 MB of unclosed brackets") {
@@ -574,7 +590,7 @@ TEST_CASE("describe", "[config]") {
   c.sanitizer = SanitizerMode::kNvtx;
   CHECK(describe(c) ==
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
-        "roundup_power2_divisions=[1:1,512:2,1024:4,2048:8] expandable_segments=true "
+        "roundup_power2_divisions=[256:1,512:2,1024:4,>:8] expandable_segments=true "
         "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true single_stream=true trace_stacks=8 "
         "trace_nvtx=true trace_clock=monotonic free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
@@ -593,7 +609,8 @@ TEST_CASE("describe", "[config]") {
 
 TEST_CASE("describe's roundup list reads back to the same table", "[config]") {
   for (const char* text : {"[256:1,512:2,1024:4,>:8]", "[1:2,64:4,4096:16]", "[2:0,8:8]",
-                           "[16384:2,65536:4]", "[1:4,2:8,4:4,8:8,16:4,>:2]"}) {
+                           "[16384:2,65536:4]", "[1:4,2:8,4:4,8:8,16:4,>:2]", "[>:8]", "[1:4,>:4]",
+                           "[2:4,4:0,>:8]", "[1:0,32768:2]", "[512:2,256:1,>:8]"}) {
     const Config c = parse_ok(std::string("roundup_power2_divisions:") + text);
     const std::string d = describe(c);
     const std::size_t from = d.find("roundup_power2_divisions=") + 25;

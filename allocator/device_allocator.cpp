@@ -246,6 +246,7 @@ void DeviceAllocator::synchronize_pending() {
 void DeviceAllocator::forget_all() {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
+  m.merge_deltas();  // the cumulative counts the thread caches have not folded in yet
   for (auto& cache : m.caches) {
     std::lock_guard cache_lock(cache->lock);
     cache->drain_bins([](Block*) {});

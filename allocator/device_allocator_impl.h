@@ -157,7 +157,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
 
   // --- device memory (device_segments.cpp)
   Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
-  void free_segment(Segment* s);
+  // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
+  bool free_segment(Segment* s);
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
   bool fits_under_limit(std::size_t bytes) const override;

@@ -47,7 +47,7 @@ Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind
   return s->first;
 }
 
-void Impl::free_segment(Segment* s) {
+bool Impl::free_segment(Segment* s) {
   const PoolKind kind = s->pool;
   const DevicePtr base = s->base;
   const std::size_t size = s->size;
@@ -59,7 +59,17 @@ void Impl::free_segment(Segment* s) {
   // Observers hear of it while the memory still exists (a sanitizer's heap is unregistered
   // before the driver takes the memory back).
   note_device_free(kind, stream, base, size);
-  backend.free_segment(base, size);
+  if (backend.free_segment(base, size) == Status::kOk) return true;
+  // The device still holds the memory: it comes back as an idle segment of the pool (observers
+  // hear of it again), else it would be held and counted by nobody.
+  Segment* again = segments.add(base, size, kind, stream);
+  add_stat(stats.segment, kind, 1);
+  if (sizes.is_oversize(size)) ++stats.oversize_segments;
+  note_device_alloc(kind, stream, base, size);
+  --stats.num_device_alloc;  // neither call reached the device
+  --stats.num_device_free;
+  blocks.insert(again->first);
+  return false;
 }
 
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {

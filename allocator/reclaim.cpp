@@ -68,17 +68,14 @@ bool Impl::release_oversize(std::size_t rounded) {
   std::sort(victims.begin(), victims.end(), [](Segment* a, Segment* b) { return a->size < b->size; });
   const std::size_t wanted = std::max(rounded, options.max_split_size);
   auto fit = std::find_if(victims.begin(), victims.end(), [&](Segment* s) { return s->size >= wanted; });
-  if (fit != victims.end()) {
-    free_segment(*fit);
-    return true;
-  }
+  if (fit != victims.end()) return free_segment(*fit);
   std::size_t released = 0;
   while (!victims.empty() && released < wanted) {
-    released += victims.back()->size;
-    free_segment(victims.back());
+    const std::size_t size = victims.back()->size;
+    if (free_segment(victims.back())) released += size;
     victims.pop_back();
   }
-  return true;
+  return released > 0;
 }
 
 // A wholly idle segment of another stream can serve this one once that stream has passed

@@ -1011,3 +1011,31 @@ TEST_CASE("threads allocating and freeing at once never share a byte") {
   CHECK(corrupted == 0);
   CHECK(f.stat("allocated_bytes.all.current") == 0);
 }
+
+TEST_CASE("a segment the device refuses to take back stays in the pool, counted, and goes back later") {
+  Fixture f;
+  const DevicePtr p = f.get(12 * kMiB);
+  REQUIRE(f.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  f.sim.fail_after(SimOp::kFree, 0);
+  f.alloc.release_cached();
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(f.sim.used_bytes()));
+  CHECK(f.sim.used_bytes() == 12 * kMiB);
+  CHECK(f.stat("num_device_free") == 0);
+  CHECK(f.get(12 * kMiB) == p);  // still cached, and reusable
+  REQUIRE(f.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  f.alloc.release_cached();
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+  CHECK(f.stat("num_device_free") == 1);
+}
+
+TEST_CASE("forget_all keeps the cache hits and totals the thread caches had not folded in") {
+  Fixture f;
+  f.alloc.free(f.get(4096, kStreamA), FreeOrder::kStream, kStreamA);
+  for (int i = 0; i < 10; ++i) f.alloc.free(f.get(4096, kStreamA), FreeOrder::kStream, kStreamA);
+  const auto before = f.alloc.stats();  // folds the caches in
+  for (int i = 0; i < 10; ++i) f.alloc.free(f.get(4096, kStreamA), FreeOrder::kStream, kStreamA);
+  f.alloc.forget_all();
+  const auto after = f.alloc.stats();
+  CHECK(after.num_cache_hits == before.num_cache_hits + 10);
+}

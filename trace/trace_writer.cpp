@@ -79,6 +79,35 @@ void sleep_ns(long ns) noexcept {
   nanosleep(&ts, nullptr);  // async-signal-safe
 }
 
+// The length of the well-formed UTF-8 character at s (at most n bytes there), or 0 when the
+// bytes there are not one (a stray byte, an overlong form, a surrogate, or one cut short).
+// The trace is UTF-8 text: a program's bytes that are not (a Latin-1 file name in its command
+// line, an NVTX name cut at 64 bytes mid-character) are written as '?'.
+std::size_t utf8_char_len(const unsigned char* s, std::size_t n) noexcept {
+  const unsigned char c = s[0];
+  if (c < 0x80) return 1;
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (n < len || s[1] < lo || s[1] > hi) return 0;
+  for (std::size_t i = 2; i < len; ++i) {
+    if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+  }
+  return len;
+}
+
 // --- formatting into a caller's buffer: no allocation, async-signal-safe.
 struct Out {
   char* p;
@@ -304,11 +333,18 @@ void TraceWriter::write_header() noexcept {
       ::close(cfd);
     }
     while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
-    for (char& c : cmd) {
-      if (c == '\0') c = ' ';
-      else if (c == '\n' || c == '\r') c = '?';
+    std::string line;
+    const auto* raw = reinterpret_cast<const unsigned char*>(cmd.data());
+    for (std::size_t i = 0; i < cmd.size();) {
+      if (const std::size_t len = utf8_char_len(raw + i, cmd.size() - i); len > 1) {
+        line.append(cmd, i, len);
+        i += len;
+        continue;
+      }
+      const unsigned char c = raw[i++];
+      line += c == '\0' ? ' ' : (c == '\n' || c == '\r' || c >= 0x80) ? '?' : static_cast<char>(c);
     }
-    h += "# cmdline=" + cmd + "\n";
+    h += "# cmdline=" + line + "\n";
     timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     std::int64_t mono = monotonic_ns();
@@ -533,10 +569,16 @@ void format_record(Out& o, std::int64_t ts_ns, int pid, std::size_t depth, const
   if (nv_len > 0) {
     if (sep) o.ch(';');
     o.str("nvtx=");
-    for (std::size_t i = 0; i < nv_len; ++i) {
-      unsigned char c = static_cast<unsigned char>(s[i]);
+    const auto* text = reinterpret_cast<const unsigned char*>(s);
+    for (std::size_t i = 0; i < nv_len;) {
+      if (const std::size_t len = utf8_char_len(text + i, nv_len - i); len > 1) {
+        for (std::size_t k = 0; k < len; ++k) o.ch(static_cast<char>(text[i + k]));
+        i += len;
+        continue;
+      }
+      const unsigned char c = text[i++];
       // Keep the record one line of comma-separated fields.
-      o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : static_cast<char>(c));
+      o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : c >= 0x80 ? '?' : static_cast<char>(c));
     }
     sep = true;
   }

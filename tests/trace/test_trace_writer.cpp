@@ -132,7 +132,51 @@ std::size_t nvtx_forward(char* out, std::size_t cap) noexcept {
   return n;
 }
 
+// A range name that is not all UTF-8: a Latin-1 byte, then 順 cut after its first byte by the
+// capacity the writer gives (64 bytes).
+std::size_t nvtx_not_utf8(char* out, std::size_t cap) noexcept {
+  std::string s = "caf\xe9/\xe9\xa0\x86";  // "caf?/" then 順 whole
+  while (s.size() < cap - 1) s += 'x';
+  s += "\xe9\xa0\x86";  // 順 again, its last two bytes beyond the capacity
+  const std::size_t n = std::min(s.size(), cap);
+  std::memcpy(out, s.data(), n);
+  return n;
+}
+
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 }  // namespace
+
+TEST_CASE("a range name that is not UTF-8 is written as UTF-8: '?' for what is not") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  {
+    TraceOptions o;
+    o.nvtx = true;
+    auto w = TraceWriter::open(path, o);
+    REQUIRE(w != nullptr);
+    TraceWriter::set_nvtx_hook(&nvtx_not_utf8);
+    w->on_event(event(0x200));
+    TraceWriter::set_nvtx_hook(nullptr);
+  }
+  auto rows = records(path);
+  REQUIRE(rows.size() == 1);
+  const std::string& ex = rows[0]["extra"];
+  CHECK(ex.rfind("nvtx=caf?/\xe9\xa0\x86x", 0) == 0);  // the whole 順 kept
+  CHECK(ex.back() == '?');                                // the cut one is not
+  for (const auto& line : read_lines(path)) CHECK(valid_utf8(line));
+}
 
 TEST_CASE("the header names the format, the columns, the process and the start time") {
   TempDir dir;

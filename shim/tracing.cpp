@@ -3,7 +3,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
 
+#include "shim/driver_api.h"
 #include "shim/log.h"
 #include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
@@ -15,6 +19,58 @@ namespace {
 
 // Never destroyed: hooks may record during exit.
 std::atomic<TraceWriter*> g_writer{nullptr};
+
+// What passthrough records need and the driver's calls do not say: a free's size and device,
+// and each device's running total (in passthrough, allocated and reserved are the same bytes).
+// Kept only while tracing; never destroyed, as the writer.
+class PassthroughLedger {
+ public:
+  struct Entry {
+    std::size_t bytes;
+    int device;
+  };
+  // Returns the device's total after the allocation.
+  std::size_t allocated(CUdeviceptr ptr, std::size_t bytes, int device) {
+    std::lock_guard lock(mutex_);
+    live_[ptr] = Entry{bytes, device};
+    return totals_[device] += bytes;
+  }
+  // The freed allocation (bytes 0 if it was made before tracing, or not by the driver), and
+  // its device's total after the free.
+  Entry freed(CUdeviceptr ptr, int current_device, std::size_t* total) {
+    std::lock_guard lock(mutex_);
+    Entry e{0, current_device};
+    if (auto it = live_.find(ptr); it != live_.end()) {
+      e = it->second;
+      live_.erase(it);
+    }
+    std::size_t& t = totals_[e.device];
+    t -= std::min(t, e.bytes);
+    *total = t;
+    return e;
+  }
+  std::size_t total(int device) {
+    std::lock_guard lock(mutex_);
+    auto it = totals_.find(device);
+    return it == totals_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<CUdeviceptr, Entry> live_;
+  std::map<int, std::size_t> totals_;
+};
+
+PassthroughLedger& ledger() {
+  static auto* l = new PassthroughLedger;
+  return *l;
+}
+
+int current_device() {
+  CUdevice d = 0;
+  const DriverApi& api = driver();
+  return api.cuCtxGetDevice != nullptr && api.cuCtxGetDevice(&d) == CUDA_SUCCESS ? static_cast<int>(d) : 0;
+}
 
 void flush_at_exit() {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->finish();
@@ -78,8 +134,21 @@ void trace_passthrough(EventKind kind, CUdeviceptr ptr, std::size_t bytes, CUstr
                                                   : Status::kBackendError;
   e.stream = async ? reinterpret_cast<StreamHandle>(stream) : kNoStream;
   e.ptr = static_cast<DevicePtr>(ptr);
+  e.device = current_device();
+  std::size_t total = 0;
+  if (result != CUDA_SUCCESS) {
+    total = ledger().total(e.device);
+  } else if (kind == EventKind::kPassthroughAlloc) {
+    total = ledger().allocated(ptr, bytes, e.device);
+  } else {
+    const auto gone = ledger().freed(ptr, e.device, &total);
+    bytes = gone.bytes;
+    e.device = gone.device;
+  }
   e.requested = bytes;
   e.rounded = bytes;
+  e.allocated_after = total;
+  e.reserved_after = total;
   w->on_event(e);
 }
 

@@ -63,8 +63,37 @@ def traced(argv, passthrough=False):
             'closed': any(l.startswith('# end records=') for l in lines),
             'summary at exit': passthrough or 'cudalloc memory summary' in p.stderr,
         }
+        if passthrough:
+            checks.update(passthrough_ledger(lines))
         print(checks, 'events:', {e: events.count(e) for e in set(events)})
         return 0 if all(checks.values()) else 1
+
+
+def passthrough_ledger(lines):
+    """Passthrough records carry what the driver's calls do not say: a free's size and device
+    (those of its allocation), and each device's running total in allocated and reserved."""
+    live, totals, ok = {}, {}, {'free sizes': True, 'devices': True, 'totals': True}
+    devices = set()
+    for l in lines[2:]:
+        if not l or l.startswith('#'):
+            continue
+        f = l.split(',')
+        dev, event, ptr, requested, result = int(f[3]), f[4], f[6], int(f[7]), f[9]
+        allocated, reserved = int(f[11]), int(f[12])
+        if result != 'ok' or not event.startswith('passthrough'):
+            continue
+        devices.add(dev)
+        if event == 'passthrough_alloc':
+            live[ptr] = (requested, dev)
+            totals[dev] = totals.get(dev, 0) + requested
+        else:
+            want = live.pop(ptr, None)
+            ok['free sizes'] &= want is not None and requested == want[0]
+            ok['devices'] &= want is not None and dev == want[1]
+            totals[dev] = totals.get(dev, 0) - requested
+        ok['totals'] &= allocated == reserved == totals[dev]
+    ok['device 1 seen'] = 1 in devices
+    return ok
 
 
 def profiled(argv):

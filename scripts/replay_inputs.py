@@ -120,13 +120,16 @@ def _hex(text):
     return value
 
 
-def _complete_lines(data, name, notes):
-    """Splits text into lines; an unterminated last line (a writer killed mid-line) is dropped."""
-    lines = data.split("\n")
+def _complete_lines(raw, name, notes):
+    """Splits bytes into decoded lines; an unterminated last line (a writer killed mid-line) is
+    dropped first, as it may end inside a multi-byte character. Bytes that are not UTF-8 (the
+    header's cmdline is copied from /proc/self/cmdline as is) become U+FFFD, as ct_reader reads
+    them."""
+    lines = raw.split(b"\n")
     last = lines.pop()
     if last.strip():
         notes.append("%s: skipped the truncated last line" % name)
-    return lines
+    return [line.decode("utf-8", "replace") for line in lines]
 
 
 def _decode(raw, name):
@@ -167,7 +170,7 @@ _TRACE_COLUMNS = ("ts_ns", "pid", "tid", "device", "event", "stream", "ptr", "re
 
 def convert_cudalloc(raw, name, device=None):
     out = Converted("cudalloc")
-    lines = _complete_lines(_decode(raw, name), name, out.notes)
+    lines = _complete_lines(raw, name, out.notes)
     if not lines or not lines[0].startswith("#cudalloc-trace"):
         raise InputError("%s: not a cudalloc trace (first line is not '#cudalloc-trace v1')" % name)
     version = lines[0].split()[1:] or ["?"]

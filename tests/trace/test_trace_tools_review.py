@@ -1,0 +1,103 @@
+"""Tests of the trace tools for defects a review proved, one class each: the cases failed before
+their fix. TRACE_SAMPLE_EXE writes the traces (the real writer), REPLAY_BIN is cudalloc-replay,
+CUDALLOC_LIB the preload library for scripts/cudalloc.
+
+    python3 test_trace_tools_review.py TRACE_SAMPLE_EXE REPLAY_BIN CUDALLOC_LIB [unittest args]
+"""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CT = os.path.join(ROOT, "scripts", "cudalloc-trace")
+REPLAY = os.path.join(ROOT, "scripts", "replay")
+FRAG = os.path.join(ROOT, "scripts", "fragmentation-report")
+LAUNCHER = os.path.join(ROOT, "scripts", "cudalloc")
+DATA = os.path.join(HERE, "data")
+
+TRACE_SAMPLE = REPLAY_BIN = CUDALLOC_LIB = None
+TMP = None
+
+
+def run(*args):
+    p = subprocess.run([sys.executable] + list(args), capture_output=True, encoding="utf-8",
+                       errors="replace", timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def record(path, *more):
+    """A trace written by trace_sample (the real writer) at `path` (str or bytes)."""
+    p = subprocess.run([TRACE_SAMPLE, path] + list(more), capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return path
+
+
+_sample = None
+
+
+def sample():
+    """The bytes of one complete trace_sample trace, with NVTX phases."""
+    global _sample
+    if _sample is None:
+        with open(record(os.path.join(TMP, "sample.csv")), "rb") as f:
+            _sample = f.read()
+    return _sample
+
+
+def write(name, raw):
+    p = os.path.join(TMP, name)
+    with open(p, "wb") as f:
+        f.write(raw)
+    return p
+
+
+class ReplayInput(unittest.TestCase):
+    def test_last_line_cut_inside_a_utf8_character(self):
+        name = "\u9806\u4f1d\u64ad".encode()  # 3 bytes a character
+        raw = sample().replace(b"nvtx=forward", b"nvtx=" + name)
+        at = raw.index(b"nvtx=" + name, raw.index(b",alloc,0x7f00"))
+        # Killed one byte into the first character of the name.
+        p = write("cut_utf8.csv", raw[:at + len(b"nvtx=") + 1])
+        rc, out, err = run(REPLAY, p, "--replay-bin", REPLAY_BIN, "--format", "json")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("truncated last line", err)
+        self.assertGreater(json.loads(out)["input"]["allocs"], 0)
+
+    def test_non_utf8_command_line(self):
+        # Writers before cd1ca42 copied /proc/self/cmdline as is: here an argument in Latin-1.
+        # Written into the header by hand, as the writer now replaces such bytes.
+        raw = sample()
+        at = raw.index(b"# cmdline=")
+        end = raw.index(b"\n", at)
+        path = write("cmdline.csv", raw[:end] + b" caf\xe9.txt" + raw[end:])
+        rc, out, err = run(REPLAY, path, "--replay-bin", REPLAY_BIN)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("UTF-8", err)
+        rc, out, err = run(CT, "summary", path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("caf\ufffd.txt", out)
+
+
+def main():
+    global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
+    if len(sys.argv) < 4:
+        sys.stderr.write(__doc__)
+        return 2
+    TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB = sys.argv[1:4]
+    TMP = tempfile.mkdtemp(prefix="cudalloc-trace-review-")
+    try:
+        prog = unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:], exit=False)
+        return 0 if prog.result.wasSuccessful() else 1
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@
 import bisect
 import json
 import pickle
+import sys
 import time
 
 from ct_reader import TraceError, phase_of
@@ -45,6 +46,17 @@ class _State:
 
 def _stream_int(s):
     return 0 if s is None else s
+
+
+def _incomplete(trace):
+    """How the trace ends short (as `summary` says it), or None; known once records() is done."""
+    if trace.truncated:
+        why = "the last line was truncated (skipped)"
+    elif not trace.ended:
+        why = "the trace was not closed (the process died or is still running)"
+    else:
+        return None
+    return {"incomplete": why, "truncated": trace.truncated, "closed_cleanly": trace.ended}
 
 
 def torch_snapshot(trace, frames_of):
@@ -173,6 +185,9 @@ def export_torch(trace, args):
         return sym.frames(pcs)
 
     snap = torch_snapshot(trace, frames_of)
+    incomplete = _incomplete(trace)
+    if incomplete:
+        snap["cudalloc_trace"] = incomplete  # PyTorch's readers look up only the keys they know
     with open(args.output, "wb") as f:
         pickle.dump(snap, f, protocol=4)
     n = sum(len(t) for t in snap["device_traces"])
@@ -233,7 +248,16 @@ def export_chrome(trace, args):
         if phase is not None and pid is not None:
             emit({"name": phase, "ph": "X", "ts": phase_start, "dur": last_us - phase_start,
                   "pid": pid, "tid": 0, "cat": "nvtx"})
-        f.write("\n]}\n")
+        incomplete = _incomplete(trace)
+        if incomplete and pid is not None:
+            # Marks where the recorded history stops, on the timeline itself.
+            emit({"name": "trace %s" % ("truncated" if trace.truncated else "not closed"),
+                  "ph": "i", "s": "g", "ts": last_us, "pid": pid, "tid": 0,
+                  "args": {"why": incomplete["incomplete"]}})
+        f.write("\n]")
+        if incomplete:
+            f.write(',"otherData":%s' % json.dumps(incomplete, separators=(",", ":")))
+        f.write("}\n")
     return "%d trace events" % n
 
 
@@ -288,3 +312,9 @@ def run(trace, args, out):
             raise TraceError("cannot write %s: %s" % (args.output, e.strerror)) from None
         raise
     out.write("wrote %s (%s)\n" % (args.output, what))
+    incomplete = _incomplete(trace)
+    if incomplete:
+        # The export holds only what was recorded: say so, as summary does (rmm has no place for
+        # it in the file).
+        sys.stderr.write("cudalloc-trace: warning: %s: %s; the export stops there\n"
+                         % (trace.path, incomplete["incomplete"]))

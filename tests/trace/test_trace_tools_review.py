@@ -85,6 +85,64 @@ class ReplayInput(unittest.TestCase):
         self.assertIn("caf\ufffd.txt", out)
 
 
+FORMATS = (("torch-snapshot", "snap.pickle"), ("chrome", "trace.json"), ("rmm", "rmm.csv"))
+
+
+def load_output(fmt, path):
+    if fmt == "torch-snapshot":
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    if fmt == "chrome":
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def cut_in_a_record(raw):
+    """The first half of a trace, cut a few bytes into a record (a writer killed mid-write)."""
+    half = raw[:len(raw) // 2]
+    return half[:half.rfind(b"\n") + 5]
+
+
+class ExportIncomplete(unittest.TestCase):
+    def check(self, path, words):
+        for fmt, out_name in FORMATS:
+            out_path = os.path.join(TMP, "incomplete." + out_name)
+            rc, out, err = run(CT, "export", path, "--format", fmt, "-o", out_path,
+                               "--no-symbols")
+            self.assertEqual(rc, 0, (fmt, err))
+            self.assertIn(words, err, fmt)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            doc = load_output(fmt, out_path)
+            if fmt == "torch-snapshot":
+                self.assertTrue(doc["cudalloc_trace"]["incomplete"], doc.get("cudalloc_trace"))
+            elif fmt == "chrome":
+                self.assertTrue(doc["otherData"]["incomplete"], doc.get("otherData"))
+                marks = [e for e in doc["traceEvents"] if e["name"].startswith("trace ")]
+                self.assertEqual(len(marks), 1, marks)
+
+    def test_truncated_last_line(self):
+        self.check(write("half.csv", cut_in_a_record(sample())), "truncated")
+
+    def test_not_closed(self):
+        # Whole lines, but no "# end" line: the process died between two writes.
+        raw = sample()
+        self.check(write("unclosed.csv", raw[:raw.index(b"# end")]), "not closed")
+
+    def test_complete_trace_is_quiet(self):
+        p = write("whole.csv", sample())
+        for fmt, out_name in FORMATS:
+            out_path = os.path.join(TMP, "whole." + out_name)
+            rc, out, err = run(CT, "export", p, "--format", fmt, "-o", out_path, "--no-symbols")
+            self.assertEqual((rc, err), (0, ""), fmt)
+            doc = load_output(fmt, out_path)
+            if fmt == "torch-snapshot":
+                self.assertEqual(set(doc), {"segments", "device_traces"})
+            elif fmt == "chrome":
+                self.assertNotIn("otherData", doc)
+
+
 def main():
     global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
     if len(sys.argv) < 4:

@@ -1,9 +1,13 @@
 """`cudalloc-trace export`: to a PyTorch memory snapshot, a Chrome/Perfetto trace, RMM's CSV."""
 
 import bisect
+import contextlib
 import json
+import os
 import pickle
+import stat
 import sys
+import tempfile
 import time
 
 from ct_reader import TraceError, phase_of
@@ -46,6 +50,43 @@ class _State:
 
 def _stream_int(s):
     return 0 if s is None else s
+
+
+@contextlib.contextmanager
+def _output(path, mode):
+    """A file that becomes `path` only once the export has succeeded: a failed export (a corrupt
+    record halfway, a full disk) leaves no half-written file and keeps the previous one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # /dev/stdout, /dev/null, a FIFO: nothing to replace (a directory fails in open()).
+        with open(path, mode) as f:
+            yield f
+        return
+    target = os.path.realpath(path)  # through a symlink, as open() writes
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target),
+                                   prefix=".%s." % os.path.basename(target), suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
+        with os.fdopen(fd, mode) as f:
+            # mkstemp's file is 0600: keep the old file's mode, or take the one open() would give.
+            if st is not None:
+                perms = stat.S_IMODE(st.st_mode)
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                perms = 0o666 & ~umask
+            os.fchmod(f.fileno(), perms)
+            yield f
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _incomplete(trace):
@@ -188,7 +229,7 @@ def export_torch(trace, args):
     incomplete = _incomplete(trace)
     if incomplete:
         snap["cudalloc_trace"] = incomplete  # PyTorch's readers look up only the keys they know
-    with open(args.output, "wb") as f:
+    with _output(args.output, "wb") as f:
         pickle.dump(snap, f, protocol=4)
     n = sum(len(t) for t in snap["device_traces"])
     return "%d segments, %d trace entries" % (len(snap["segments"]), n)
@@ -198,7 +239,7 @@ def export_torch(trace, args):
 
 def export_chrome(trace, args):
     n = 0
-    with open(args.output, "w") as f:
+    with _output(args.output, "w") as f:
         f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
         first = True
 
@@ -270,7 +311,7 @@ def export_rmm(trace, args):
     except ValueError:
         pass
     n = 0
-    with open(args.output, "w") as f:
+    with _output(args.output, "w") as f:
         f.write("Thread,Time,Action,Pointer,Size,Stream\n")
         for r in trace.records():
             if r.result != "ok":

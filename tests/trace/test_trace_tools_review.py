@@ -143,6 +143,72 @@ class ExportIncomplete(unittest.TestCase):
                 self.assertNotIn("otherData", doc)
 
 
+class ExportOutput(unittest.TestCase):
+    def test_failed_export_keeps_the_previous_file(self):
+        good = write("good.csv", sample())
+        outdir = os.path.join(TMP, "exports")
+        os.makedirs(outdir, exist_ok=True)
+        for fmt, out_name in FORMATS:
+            out_path = os.path.join(outdir, out_name)
+            rc, out, err = run(CT, "export", good, "--format", fmt, "-o", out_path,
+                               "--no-symbols")
+            self.assertEqual(rc, 0, err)
+            with open(out_path, "rb") as f:
+                before = f.read()
+            rc, out, err = run(CT, "export", os.path.join(DATA, "corrupt_middle.csv"),
+                               "--format", fmt, "-o", out_path, "--no-symbols")
+            self.assertEqual(rc, 2, (fmt, out, err))
+            with open(out_path, "rb") as f:
+                self.assertEqual(f.read(), before, fmt)
+            load_output(fmt, out_path)
+        self.assertEqual(sorted(os.listdir(outdir)), sorted(n for _, n in FORMATS))
+
+    def test_failed_export_leaves_no_file(self):
+        out_path = os.path.join(TMP, "never.json")
+        rc, out, err = run(CT, "export", os.path.join(DATA, "corrupt_middle.csv"), "--format",
+                           "chrome", "-o", out_path)
+        self.assertEqual(rc, 2, err)
+        self.assertFalse(os.path.exists(out_path))
+
+    def test_output_through_a_symlink_and_to_a_device(self):
+        good = write("good2.csv", sample())
+        real = os.path.join(TMP, "real.rmm.csv")
+        link = os.path.join(TMP, "link.rmm.csv")
+        open(real, "w").close()
+        os.symlink(real, link)
+        rc, out, err = run(CT, "export", good, "--format", "rmm", "-o", link)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.islink(link))
+        with open(real) as f:
+            self.assertTrue(f.read().startswith("Thread,Time,Action"))
+        rc, out, err = run(CT, "export", good, "--format", "chrome", "-o", os.devnull)
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.isfile(os.devnull))
+        rc, out, err = run(CT, "export", good, "--format", "rmm", "-o", "/dev/stdout")  # a pipe
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.startswith("Thread,Time,Action"), out[:200])
+
+    def test_existing_file_keeps_its_mode(self):
+        good = write("good4.csv", sample())
+        out_path = os.path.join(TMP, "private.rmm.csv")
+        open(out_path, "w").close()
+        os.chmod(out_path, 0o600)
+        rc, out, err = run(CT, "export", good, "--format", "rmm", "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(os.stat(out_path).st_mode & 0o777, 0o600)
+
+    def test_new_file_mode_follows_the_umask(self):
+        good = write("good3.csv", sample())
+        out_path = os.path.join(TMP, "mode.rmm.csv")
+        old = os.umask(0o022)
+        try:
+            rc, out, err = run(CT, "export", good, "--format", "rmm", "-o", out_path)
+        finally:
+            os.umask(old)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(os.stat(out_path).st_mode & 0o777, 0o644)
+
+
 def main():
     global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
     if len(sys.argv) < 4:

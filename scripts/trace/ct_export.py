@@ -249,21 +249,25 @@ def export_chrome(trace, args):
             first = False
             n += 1
 
+        def phase_slice(name, pid, tid, start_ns, end_ns):
+            # Integer nanoseconds until here, so that one slice ends exactly where the next starts.
+            emit({"name": name, "ph": "X", "ts": start_ns / 1000.0,
+                  "dur": (end_ns - start_ns) / 1000.0, "pid": pid, "tid": tid, "cat": "nvtx"})
+
         pid = None
         last = {}
-        phase = None
-        phase_start = 0.0
-        last_us = 0.0
+        # NVTX range stacks are per thread: a track per (pid, tid), holding [phase or None,
+        # ns where that phase started, or where the thread's last slice ended].
+        phases = {}
+        last_ns = 0
         for r in trace.records():
             if pid is None:
                 pid = r.pid
                 cmd = trace.header.get("cmdline", "")
                 emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                       "args": {"name": "cudalloc %d %s" % (pid, cmd[:80])}})
-                emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
-                      "args": {"name": "NVTX phases"}})
             us = r.ts_ns / 1000.0
-            last_us = max(last_us, us)
+            last_ns = max(last_ns, r.ts_ns)
             if r.event == "dropped":
                 emit({"name": "records dropped", "ph": "i", "s": "p", "ts": us, "pid": r.pid,
                       "tid": 0, "args": {"count": r.count}})
@@ -281,19 +285,29 @@ def export_chrome(trace, args):
                                "rounded": r.rounded, "allocated": r.allocated,
                                "reserved": r.reserved, "nvtx": r.nvtx or ""}})
             p = phase_of(r.nvtx, args.nvtx_depth)
-            if p != phase:
-                if phase is not None:
-                    emit({"name": phase, "ph": "X", "ts": phase_start, "dur": us - phase_start,
-                          "pid": r.pid, "tid": 0, "cat": "nvtx"})
-                phase, phase_start = p, us
-        if phase is not None and pid is not None:
-            emit({"name": phase, "ph": "X", "ts": phase_start, "dur": last_us - phase_start,
-                  "pid": pid, "tid": 0, "cat": "nvtx"})
+            track = (r.pid, r.tid)
+            cur = phases.get(track)
+            if cur is None:
+                if p is None:
+                    continue
+                emit({"name": "thread_name", "ph": "M", "pid": r.pid, "tid": r.tid,
+                      "args": {"name": "thread %d (NVTX phases)" % r.tid}})
+                cur = phases[track] = [None, r.ts_ns]
+            if p != cur[0]:
+                # With clock=monotonic ts_ns may step back (across threads, or a clock change):
+                # a slice never ends before it starts, nor starts before the last one ended.
+                now = max(r.ts_ns, cur[1])
+                if cur[0] is not None:
+                    phase_slice(cur[0], r.pid, r.tid, cur[1], now)
+                cur[0], cur[1] = p, now
+        for (p_id, tid), (p, start_ns) in phases.items():
+            if p is not None:  # still open: up to the end of the trace
+                phase_slice(p, p_id, tid, start_ns, max(last_ns, start_ns))
         incomplete = _incomplete(trace)
         if incomplete and pid is not None:
             # Marks where the recorded history stops, on the timeline itself.
             emit({"name": "trace %s" % ("truncated" if trace.truncated else "not closed"),
-                  "ph": "i", "s": "g", "ts": last_us, "pid": pid, "tid": 0,
+                  "ph": "i", "s": "g", "ts": last_ns / 1000.0, "pid": pid, "tid": 0,
                   "args": {"why": incomplete["incomplete"]}})
         f.write("\n]")
         if incomplete:

@@ -209,6 +209,59 @@ class ExportOutput(unittest.TestCase):
         self.assertEqual(os.stat(out_path).st_mode & 0o777, 0o644)
 
 
+HEADER = ("#cudalloc-trace v1\n"
+          "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,allocated,"
+          "reserved,extra\n"
+          "# options stack_depth=0 nvtx=1 ring_capacity=16384 clock=monotonic\n")
+
+
+def chrome_slices(test, records):
+    """Exports a trace of `records` (ts, tid, nvtx) to Chrome JSON; returns its NVTX slices."""
+    lines = []
+    for i, (ts, tid, nvtx) in enumerate(records):
+        lines.append("%d,7,%d,0,alloc,-,0x%x,10,10,ok,0,%d,%d,nvtx=%s\n"
+                     % (ts, tid, 0x1000 * (i + 1), 10 * (i + 1), 10 * (i + 1), nvtx))
+    p = write("phases.csv", (HEADER + "".join(lines) +
+                             "# end records=%d dropped=0\n" % len(records)).encode())
+    out_path = os.path.join(TMP, "phases.json")
+    rc, out, err = run(CT, "export", p, "--format", "chrome", "-o", out_path)
+    test.assertEqual(rc, 0, err)
+    with open(out_path) as f:
+        return [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+
+
+class ChromePhases(unittest.TestCase):
+    def check_tracks(self, slices):
+        by_tid = {}
+        for e in slices:
+            self.assertGreaterEqual(e["dur"], 0, e)
+            by_tid.setdefault(e["tid"], []).append(e)
+        for tid, track in by_tid.items():
+            track.sort(key=lambda e: e["ts"])
+            for a, b in zip(track, track[1:]):  # one after the other, never overlapping
+                self.assertLessEqual(a["ts"] + a["dur"], b["ts"] + 1e-9, (tid, a, b))
+        return {tid: [e["name"] for e in sorted(t, key=lambda e: e["ts"])]
+                for tid, t in by_tid.items()}
+
+    def test_clock_steps_back_across_threads(self):
+        slices = chrome_slices(self, [(1000, 7, "forward"), (900, 8, "backward")])
+        self.assertEqual(self.check_tracks(slices), {7: ["forward"], 8: ["backward"]})
+
+    def test_each_thread_has_its_own_track(self):
+        slices = chrome_slices(self, [
+            (1000, 7, "forward"), (1100, 8, "backward"), (1200, 7, "forward"),
+            (1300, 8, "optimizer"), (1400, 7, "backward"), (1500, 8, "optimizer")])
+        self.assertEqual(self.check_tracks(slices),
+                         {7: ["forward", "backward"], 8: ["backward", "optimizer"]})
+        fwd = next(e for e in slices if e["name"] == "forward")
+        self.assertEqual((fwd["ts"], fwd["dur"]), (1.0, 0.4))
+
+    def test_clock_steps_back_in_one_thread(self):
+        slices = chrome_slices(self, [(1000, 7, "forward"), (800, 7, "backward"),
+                                      (1200, 7, "optimizer")])
+        self.assertEqual(self.check_tracks(slices), {7: ["forward", "backward", "optimizer"]})
+
+
 def main():
     global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
     if len(sys.argv) < 4:

@@ -262,6 +262,46 @@ class ChromePhases(unittest.TestCase):
         self.assertEqual(self.check_tracks(slices), {7: ["forward", "backward", "optimizer"]})
 
 
+class FragmentationReport(unittest.TestCase):
+    def traces_with(self, name, mangle):
+        """A copy of data/traces whose figures name one workload, its trace mangled."""
+        src = os.path.join(ROOT, "data", "traces")
+        d = tempfile.mkdtemp(dir=TMP, prefix="traces-")
+        with open(os.path.join(src, "pytorch-figures.json")) as f:
+            figs = json.load(f)
+        figs["workloads"] = {name: figs["workloads"][name]}
+        with open(os.path.join(d, "pytorch-figures.json"), "w") as f:
+            json.dump(figs, f)
+        trace = figs["workloads"][name]["trace"]
+        with open(os.path.join(src, trace), "rb") as f:
+            raw = f.read()
+        with open(os.path.join(d, trace), "wb") as f:
+            f.write(mangle(raw))
+        return d, trace
+
+    def check(self, mangle, words):
+        d, trace = self.traces_with("bert-infer", mangle)
+        rc, out, err = run(FRAG, "--traces", d, "--check", "--replay-bin", REPLAY_BIN,
+                           "--jobs", "1")
+        self.assertEqual(rc, 2, (out, err))
+        self.assertNotIn("Traceback", err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertTrue(lines[0].startswith("fragmentation-report: "), err)
+        self.assertIn(trace, lines[0])
+        self.assertIn(words, lines[0])
+
+    def test_truncated_gz(self):
+        self.check(lambda raw: raw[:len(raw) // 2], "gzip")
+
+    def test_corrupt_gz(self):
+        # The header is fine; the deflate stream is garbage.
+        self.check(lambda raw: raw[:10] + bytes(range(256)) * 4, "gzip")
+
+    def test_bad_gzip_header(self):
+        self.check(lambda raw: raw[:2] + b"\x09" + raw[3:], "gzip")  # method 9: unknown
+
+
 def main():
     global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
     if len(sys.argv) < 4:

@@ -302,6 +302,43 @@ class FragmentationReport(unittest.TestCase):
         self.check(lambda raw: raw[:2] + b"\x09" + raw[3:], "gzip")  # method 9: unknown
 
 
+class Launcher(unittest.TestCase):
+    """scripts/cudalloc with relative --build and --trace: a child that changes directory
+    still has cudalloc preloaded and writes its trace where it was asked to."""
+
+    def test_relative_paths_become_absolute(self):
+        work = tempfile.mkdtemp(dir=TMP, prefix="launcher-")
+        # A folder of prebuilt files (scripts/gpu-bundle's layout): nothing to build.
+        os.makedirs(os.path.join(work, "bundle", "shim"))
+        shutil.copy(CUDALLOC_LIB, os.path.join(work, "bundle", "shim", "libcudalloc.so"))
+        os.makedirs(os.path.join(work, "elsewhere"))
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LD_PRELOAD", "NVTX_INJECTION64_PATH", "CUDALLOC_TRACE",
+                            "CUDALLOC_CONF")}
+        child = ('cd elsewhere && printf "%s\\n" "LD_PRELOAD=$LD_PRELOAD" '
+                 '"CUDALLOC_TRACE=$CUDALLOC_TRACE" "NVTX=$NVTX_INJECTION64_PATH" && /bin/true')
+        p = subprocess.run(["bash", LAUNCHER, "--build", "bundle", "--trace", "t.csv",
+                            "--trace-nvtx", "--", "sh", "-c", child],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("cannot be preloaded", p.stderr)
+        got = dict(l.split("=", 1) for l in p.stdout.splitlines())
+        lib = os.path.join(work, "bundle", "shim", "libcudalloc.so")
+        self.assertEqual(os.path.realpath(got["LD_PRELOAD"]), os.path.realpath(lib))
+        self.assertTrue(os.path.isabs(got["LD_PRELOAD"]), got)
+        self.assertEqual(got["NVTX"], got["LD_PRELOAD"])
+        self.assertTrue(os.path.isabs(got["CUDALLOC_TRACE"]), got)
+        self.assertEqual(os.path.realpath(got["CUDALLOC_TRACE"]),
+                         os.path.realpath(os.path.join(work, "t.csv")))
+        # --trace=FILE too.
+        p = subprocess.run(["bash", LAUNCHER, "--build", "bundle", "--trace=t2.csv", "--",
+                            "sh", "-c", 'echo "$CUDALLOC_TRACE"'],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.path.realpath(p.stdout.strip()),
+                         os.path.realpath(os.path.join(work, "t2.csv")))
+
+
 def main():
     global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
     if len(sys.argv) < 4:

@@ -61,9 +61,16 @@ bool CaptureTracker::park(const ParkedFree& f, bool* duplicate) {
   return true;
 }
 
-void CaptureTracker::drop_owner(ContextState* owner) {
+std::vector<ParkedFree> CaptureTracker::drop_owner(ContextState* owner, CUcontext ctx) {
   std::lock_guard lock(mutex_);
   std::erase_if(parked_, [owner](const ParkedFree& p) { return p.owner == owner; });
+  // Left counted, they would park every free and defer every fence of every other context for
+  // the rest of the process (cudaDeviceReset mid-capture is how a program recovers).
+  const auto ended = static_cast<int>(std::erase_if(capturing_, [ctx](const StreamInfo* s) {
+    return s->kind == StreamInfo::Kind::kCreated && s->ctx == ctx;
+  }));
+  if (ended == 0 || active_.fetch_sub(ended, std::memory_order_acq_rel) != ended) return {};
+  return std::exchange(parked_, {});
 }
 
 }  // namespace cudalloc::shim

@@ -53,8 +53,9 @@ class CaptureTracker {
   // Parks `f` unless no capture is on any more (then false: free it now). `duplicate` is set
   // (and nothing parked) when the same pointer is already parked: a double free.
   bool park(const ParkedFree& f, bool* duplicate);
-  // Forgets parked frees of a context that is gone.
-  void drop_owner(ContextState* owner);
+  // A context is gone: forgets its parked frees, and its streams' captures, which went with it.
+  // Returns the parked frees to run now if that ended the last capture (else empty).
+  std::vector<ParkedFree> drop_owner(ContextState* owner, CUcontext ctx);
   // Runs `f` unless a capture is on; no capture begins while it runs (begin() waits). For
   // driver calls that a capture beginning on another thread must not meet, such as a stream
   // query, which would invalidate it. False, without running `f`, while one is on.

@@ -56,20 +56,20 @@ bool ContextRegistry::is_live(const ContextState* s) const {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-void ContextRegistry::drop(CUcontext ctx) {
+std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
   ContextState* state = nullptr;
   {
     std::lock_guard lock(mutex_);
     state = find(ctx);
-    if (state == nullptr) return;
+    if (state == nullptr) return {};
     auto* next = new ContextList{live()};
     std::erase(next->states, state);
     snapshot_.store(next, std::memory_order_release);
   }
   state->backend.mark_dead();
   state->allocator.forget_all();
-  captures_.drop_owner(state);
   log_debug("context %p gone: its cached blocks are forgotten", static_cast<void*>(ctx));
+  return captures_.drop_owner(state, ctx);
 }
 
 }  // namespace cudalloc::shim

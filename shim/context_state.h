@@ -75,7 +75,8 @@ class ContextRegistry {
   const ContextList::States& live() const { return snapshot_.load(std::memory_order_acquire)->states; }
   bool is_live(const ContextState* s) const;
   // The context is gone: forget its blocks without touching the device, never use it again.
-  void drop(CUcontext ctx);
+  // Returns the parked frees to run if its captures were the last ones (run_parked).
+  std::vector<ParkedFree> drop(CUcontext ctx);
 
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time

@@ -24,6 +24,7 @@ namespace cudalloc::shim {
   X(cuCtxDestroy, CUresult(CUcontext))                                                         \
   X(cuCtxDestroy_v2, CUresult(CUcontext))                                                      \
   X(cuDevicePrimaryCtxRetain, CUresult(CUcontext*, CUdevice))                                  \
+  X(cuDeviceGetCount, CUresult(int*))                                                           \
   X(cuDevicePrimaryCtxGetState, CUresult(CUdevice, unsigned int*, int*))                       \
   X(cuDevicePrimaryCtxReset, CUresult(CUdevice))                                               \
   X(cuDevicePrimaryCtxReset_v2, CUresult(CUdevice))                                            \

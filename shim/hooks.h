@@ -40,6 +40,7 @@
   X(cuCtxDestroy_v2)                  \
   X(cuDevicePrimaryCtxReset)          \
   X(cuDevicePrimaryCtxReset_v2)       \
+  X(cuDevicePrimaryCtxRetain)         \
   X(cuDevicePrimaryCtxRelease)        \
   X(cuDevicePrimaryCtxRelease_v2)
 

@@ -2,6 +2,10 @@
 // cuDevicePrimaryCtxReset, the last cuDevicePrimaryCtxRelease), its allocator forgets every
 // block without touching the device, and is never used again. Old pointers then go to the
 // driver, which rejects them as it does natively.
+#include <array>
+#include <mutex>
+
+#include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"
 
@@ -26,19 +30,45 @@ CUcontext active_primary(CUdevice dev) {
   return ctx;
 }
 
+// A primary context's retains, releases and resets, one device at a time: between a release
+// that ends the context and cudalloc's drop of its state, another thread's retain would bring
+// the same handle back to life, and that state's blocks (memory the driver took back) would
+// serve it.
+std::mutex& primary_lock(CUdevice dev) {
+  static std::array<std::mutex, 64> locks;
+  return locks[static_cast<unsigned>(dev) % locks.size()];
+}
+
+void drop(ProcessState& ps, CUcontext ctx) { run_parked(ps, ps.contexts.drop(ctx)); }
+
+bool is_primary(CUcontext ctx) {
+  const DriverApi& d = driver();
+  int count = 0;
+  if (d.cuDeviceGetCount == nullptr || d.cuDeviceGetCount(&count) != CUDA_SUCCESS) return false;
+  for (int dev = 0; dev < count; ++dev) {
+    if (active_primary(dev) == ctx) return true;
+  }
+  return false;
+}
+
 CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
-  if (ProcessState* ps = caching_state()) ps->contexts.drop(ctx);
+  // The driver refuses cuCtxDestroy of a primary context, which lives on with its blocks.
+  if (ProcessState* ps = caching_state(); ps != nullptr && ps->contexts.find(ctx) != nullptr && !is_primary(ctx)) {
+    drop(*ps, ctx);
+  }
   return real(ctx);
 }
 
 CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev) {
+  std::lock_guard lock(primary_lock(dev));
   if (ProcessState* ps = caching_state()) {
-    if (CUcontext ctx = active_primary(dev)) ps->contexts.drop(ctx);
+    if (CUcontext ctx = active_primary(dev)) drop(*ps, ctx);
   }
   return real(dev);
 }
 
 CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev) {
+  std::lock_guard lock(primary_lock(dev));
   ProcessState* ps = caching_state();
   CUcontext ctx = ps == nullptr ? nullptr : active_primary(dev);
   const CUresult r = real(dev);
@@ -46,7 +76,7 @@ CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev) {
     unsigned flags = 0;
     int active = 1;
     if (driver().cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active == 0) {
-      ps->contexts.drop(ctx);
+      drop(*ps, ctx);
     }
   }
   return r;
@@ -61,6 +91,10 @@ CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
 }
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return primary_reset(driver().cuDevicePrimaryCtxReset_v2, dev);
+}
+CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
+  std::lock_guard lock(primary_lock(dev));
+  return driver().cuDevicePrimaryCtxRetain(ctx, dev);
 }
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return primary_release(driver().cuDevicePrimaryCtxRelease, dev);

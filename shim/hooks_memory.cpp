@@ -234,16 +234,21 @@ CUDALLOC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
   return r;
 }
 
-// Idle cached bytes are free memory as far as the program is concerned; with a memory limit,
-// the limit is the total.
+// Idle cached bytes are free memory as far as the program is concerned (those of every context
+// on the device: the driver's figure is the device's); with a memory limit, the limit is the
+// total.
 CUDALLOC_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
   ProcessState* ps = caching_state();
   const CUresult r = driver().cuMemGetInfo_v2(free_bytes, total_bytes);
   if (ps == nullptr || r != CUDA_SUCCESS || free_bytes == nullptr || total_bytes == nullptr) return r;
   ContextState* s = ps->contexts.current();
   if (s == nullptr) return r;
+  std::size_t device_cached = 0;
+  for (ContextState* other : ps->contexts.live()) {
+    if (other->device == s->device) device_cached += other->allocator.cached_bytes();
+  }
   const std::size_t cached = s->allocator.cached_bytes();
-  std::size_t free_now = *free_bytes + cached;
+  std::size_t free_now = *free_bytes + device_cached;
   const AllocatorOptions& o = runtime().config.allocator;
   if (o.memory_limit_bytes != 0 || o.per_process_memory_fraction < 1.0) {
     const std::size_t limit = s->allocator.memory_limit();

@@ -1,0 +1,138 @@
+// Context lifecycle with several contexts and devices, one scenario per process (argv[1]); run
+// with 2 fake devices. Each fails under cudalloc as it was before the fix named in it, and
+// passes without the preload.
+//   destroy_primary   cuCtxDestroy of a primary context is refused: its blocks stay cudalloc's
+//   getinfo_two_ctx   cuMemGetInfo counts the idle cached bytes of every context on the device
+//   capture_reset     a device reset mid-capture ends the capture for cudalloc too
+//   release_race      a primary context released to zero while another thread retains it:
+//                     the new life never gets the old life's blocks
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "client.h"
+
+using client::Client;
+
+template <typename F>
+static F proc(Client& c, const char* name, int version) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  if (c.api.cuGetProcAddress_v2(name, &p, version, 0, &st) != CUDA_SUCCESS || p == nullptr)
+    client::die(std::string("proc ") + name);
+  return reinterpret_cast<F>(p);
+}
+using CtxCreateFn = CUresult (*)(CUcontext*, unsigned, CUdevice);
+using CtxDestroyFn = CUresult (*)(CUcontext);
+using CtxPopFn = CUresult (*)(CUcontext*);
+constexpr std::size_t MiB = 1 << 20;
+
+static bool usable(Client& c, CUdeviceptr p, std::size_t n) {
+  std::vector<unsigned char> h(n, 0x5A);
+  return c.api.cuMemcpyHtoD_v2(p, h.data(), n) == CUDA_SUCCESS;
+}
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  Client& c = client::client();
+
+  if (what == "destroy_primary") {
+    // cuCtxDestroy on a primary context is refused by the driver; nothing must change.
+    auto destroy = proc<CtxDestroyFn>(c, "cuCtxDestroy", 4000);
+    CUdeviceptr a = 0, b = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 1024) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&b, 1024) == CUDA_SUCCESS);
+    const CUresult rd = destroy(c.ctx);
+    const CUresult rf = c.api.cuMemFree_v2(b);
+    const bool ok_a = usable(c, a, 1024);
+    std::fprintf(stderr, "destroy_primary: cuCtxDestroy(primary)=%d, then cuMemFree(b)=%d, a usable=%d\n", rd, rf,
+                 ok_a);
+    return (rd != CUDA_SUCCESS && rf != CUDA_SUCCESS) ? 1 : 0;
+  }
+
+  if (what == "getinfo_two_ctx") {
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
+    std::size_t f0 = 0, t0 = 0, f1 = 0, t1 = 0, fc = 0, tc = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&f0, &t0) == CUDA_SUCCESS);
+    CUcontext other = nullptr;
+    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
+    CUdeviceptr p = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 512 * MiB) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&fc, &tc) == CUDA_SUCCESS);
+    CUcontext popped = nullptr;
+    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // back to the primary context, same device
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&f1, &t1) == CUDA_SUCCESS);
+    std::fprintf(stderr, "getinfo_two_ctx: free before %zu MiB; in the other ctx after its free %zu MiB; "
+                 "in the primary ctx %zu MiB\n", f0 / MiB, fc / MiB, f1 / MiB);
+    return f1 + 64 * MiB < f0 ? 1 : 0;
+  }
+
+  if (what == "capture_reset") {  // FAKE_CUDA_DEVICES=2
+    CUcontext ctx1 = nullptr;
+    CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+    // Something went wrong: the program resets device 1 (cudaDeviceReset) instead of ending it.
+    CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);  // device 0 carries on
+    int fails = 0;
+    for (int i = 0; i < 64; ++i) {
+      CUdeviceptr p = 0;
+      const CUresult r = c.api.cuMemAlloc_v2(&p, 100 * MiB);
+      if (r != CUDA_SUCCESS) {
+        std::fprintf(stderr, "capture_reset: iteration %d: cuMemAlloc(100 MiB) = %d\n", i, r);
+        ++fails;
+        break;
+      }
+      CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    }
+    fakecuda_stats_t st = c.snapshot();
+    std::fprintf(stderr, "capture_reset: device bytes in use at the end %zu MiB, fails %d\n",
+                 std::size_t(st.bytes_in_use / MiB), fails);
+    return fails ? 1 : 0;
+  }
+
+  if (what == "release_race") {  // FAKE_CUDA_DEVICES=2; device 1's primary context
+    std::atomic<bool> stop{false};
+    std::atomic<long> bad{0}, iters{0}, holds{0};
+    std::thread other([&] {
+      while (!stop.load()) {
+        CUcontext x = nullptr;
+        if (c.api.cuDevicePrimaryCtxRetain(&x, 1) != CUDA_SUCCESS) continue;
+        ++holds;
+        for (volatile int k = 0; k < 2000; ++k) {}
+        c.api.cuDevicePrimaryCtxRelease_v2(1);
+        for (volatile int k = 0; k < 200; ++k) {}
+      }
+    });
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (std::chrono::steady_clock::now() < end && bad.load() == 0) {
+      CUcontext x = nullptr;
+      CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&x, 1) == CUDA_SUCCESS);
+      CHECK_OR_DIE(c.api.cuCtxSetCurrent(x) == CUDA_SUCCESS);
+      CUdeviceptr p = 0;
+      CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+      if (!usable(c, p, 4096)) {
+        ++bad;
+        std::fprintf(stderr, "release_race: iteration %ld: cuMemAlloc gave 0x%llx, which the driver does not know\n",
+                     iters.load(), (unsigned long long)p);
+      }
+      CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+      c.api.cuDevicePrimaryCtxRelease_v2(1);
+      ++iters;
+    }
+    stop = true;
+    other.join();
+    std::fprintf(stderr, "release_race: %ld iterations, %ld holds by the other thread, %ld stale blocks\n",
+                 iters.load(), holds.load(), bad.load());
+    return bad.load() ? 1 : 0;
+  }
+
+  client::die("unknown scenario " + what);
+}

@@ -26,8 +26,9 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     if (ContextState* s = find(ctx)) return s;
     CUdevice dev = 0;
     {
+      // A context the driver no longer knows (a stream of a destroyed one) gets no state.
       CurrentContext current(ctx);
-      if (driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+      if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
     state = new ContextState(ctx, dev, options_, captures_);

@@ -13,8 +13,12 @@ class CurrentContext {
     CUcontext cur = nullptr;
     if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx && ctx != nullptr) {
       pushed_ = d.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+      failed_ = !pushed_;
     }
   }
+  // False when `ctx` could not be made current (destroyed, say): calls in this scope would go
+  // to whatever context is current instead.
+  bool ok() const { return !failed_; }
   ~CurrentContext() {
     if (pushed_) {
       CUcontext popped = nullptr;
@@ -26,6 +30,7 @@ class CurrentContext {
 
  private:
   bool pushed_ = false;
+  bool failed_ = false;
 };
 
 }  // namespace cudalloc::shim

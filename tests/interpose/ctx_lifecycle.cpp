@@ -6,6 +6,8 @@
 //   capture_reset     a device reset mid-capture ends the capture for cudalloc too
 //   release_race      a primary context released to zero while another thread retains it:
 //                     the new life never gets the old life's blocks
+//   stale_stream      cudaMallocAsync on a stream of a destroyed context is the driver's error,
+//                     not memory of the current context
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -134,5 +136,24 @@ int main(int argc, char** argv) {
     return bad.load() ? 1 : 0;
   }
 
+  if (what == "stale_stream") {  // FAKE_CUDA_DEVICES=2
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto destroy = proc<CtxDestroyFn>(c, "cuCtxDestroy", 4000);
+    CUcontext ctx1 = nullptr;
+    CHECK_OR_DIE(create(&ctx1, 0, 1) == CUDA_SUCCESS);  // device 1, pushed
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHECK_OR_DIE(destroy(ctx1) == CUDA_SUCCESS);  // takes its stream with it
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);  // device 0
+    CUdeviceptr p = 0;
+    const CUresult r = c.api.cuMemAllocAsync(&p, 1 * MiB, s);
+    CUcontext pctx = nullptr;
+    const CUresult ra = r == CUDA_SUCCESS
+        ? c.api.cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, p) : CUDA_ERROR_UNKNOWN;
+    std::fprintf(stderr, "stale_stream: cuMemAllocAsync on a stream of a destroyed device-1 context = %d "
+                 "(p=0x%llx, its context %p [attr %d], primary of device 0 is %p)\n",
+                 r, (unsigned long long)p, (void*)pctx, ra, (void*)c.ctx);
+    return r == CUDA_SUCCESS ? 1 : 0;
+  }
   client::die("unknown scenario " + what);
 }

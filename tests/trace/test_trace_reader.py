@@ -11,8 +11,9 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
+
+import trace_test_main  # tests/trace, beside this file
 
 SCRIPT = TRACE_SAMPLE = DATA = None
 TMP = None
@@ -458,17 +459,7 @@ class Recorded(unittest.TestCase):
 
 
 def main():
-    global SCRIPT, TRACE_SAMPLE, DATA, TMP
-    if len(sys.argv) < 4:
-        sys.stderr.write(__doc__)
-        return 2
-    SCRIPT, TRACE_SAMPLE, DATA = sys.argv[1:4]
-    TMP = tempfile.mkdtemp(prefix="cudalloc-trace-reader-")
-    try:
-        prog = unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:], exit=False)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
+    return trace_test_main.run(globals(), ['SCRIPT', 'TRACE_SAMPLE', 'DATA'], 'cudalloc-trace-reader-')
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import sys
 import tempfile
 import unittest
 
+import trace_test_main  # tests/trace, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CT = os.path.join(ROOT, "scripts", "cudalloc-trace")
@@ -340,17 +342,7 @@ class Launcher(unittest.TestCase):
 
 
 def main():
-    global TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB, TMP
-    if len(sys.argv) < 4:
-        sys.stderr.write(__doc__)
-        return 2
-    TRACE_SAMPLE, REPLAY_BIN, CUDALLOC_LIB = sys.argv[1:4]
-    TMP = tempfile.mkdtemp(prefix="cudalloc-trace-review-")
-    try:
-        prog = unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:], exit=False)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
+    return trace_test_main.run(globals(), ['TRACE_SAMPLE', 'REPLAY_BIN', 'CUDALLOC_LIB'], 'cudalloc-trace-review-')
 
 
 if __name__ == "__main__":

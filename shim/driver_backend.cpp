@@ -434,6 +434,7 @@ std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
 std::unique_ptr<Fence> DriverBackend::foreign_fence(CUcontext ctx, CUstream handle) {
   profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx);
+  if (!current.ok()) return std::make_unique<DoneFence>();  // that context is gone, and its work
   CUevent e = nullptr;
   if (driver().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
     if (driver().cuEventRecord(e, handle) == CUDA_SUCCESS) return std::make_unique<ForeignEventFence>(this, e);

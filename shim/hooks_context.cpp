@@ -46,6 +46,7 @@ bool is_primary(CUcontext ctx) {
   int count = 0;
   if (d.cuDeviceGetCount == nullptr || d.cuDeviceGetCount(&count) != CUDA_SUCCESS) return false;
   for (int dev = 0; dev < count; ++dev) {
+    std::lock_guard lock(primary_lock(dev));  // its retain and release must not meet a last release
     if (active_primary(dev) == ctx) return true;
   }
   return false;

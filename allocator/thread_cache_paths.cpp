@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "allocator/allocator_stats.h"
@@ -57,9 +58,10 @@ thread_local LocalCaches t_local;
 void DeviceAllocator::abandon_thread_caches_after_fork() {
   t_last_id = 0;
   t_last_cache = nullptr;
-  // Leaked, not destroyed: the caches belong to the abandoned allocators.
-  new std::vector<LocalEntry>(std::move(t_local.entries));
-  t_local.entries.clear();
+  // Leaked, not destroyed (the caches belong to the abandoned allocators), and with no call to
+  // the heap: another parent thread may have held its lock at the fork (ASan's allocator, for
+  // one, then never lets the child through).
+  new (&t_local.entries) std::vector<LocalEntry>();
 }
 
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {

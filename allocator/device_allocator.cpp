@@ -128,12 +128,9 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       collect_garbage();
       b = obtain(stream, rounded, kind);
     }
-    if (b == nullptr && device_error != Status::kOk) {
-      notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
-      return device_error;
-    }
-    if (b == nullptr && release_oversize(rounded)) b = obtain(stream, rounded, kind);
-    if (b == nullptr) {
+    // A refusal that is not for want of memory ends the ladder: releasing cache cannot help.
+    if (b == nullptr && device_error == Status::kOk && release_oversize(rounded)) b = obtain(stream, rounded, kind);
+    if (b == nullptr && device_error == Status::kOk) {
       ++stats.num_alloc_retries;
       release_idle();
       b = blocks.find(stream, rounded, kind);

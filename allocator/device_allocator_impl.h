@@ -157,6 +157,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
 
   // --- device memory (device_segments.cpp)
   Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
+  // Enters memory held from the device as a wholly free plain segment, and counts it.
+  Segment* add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream);
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);

@@ -40,11 +40,15 @@ Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind
     note_device_error(st);
     return nullptr;
   }
+  return add_segment(base, size, kind, stream)->first;
+}
+
+Segment* Impl::add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream) {
   Segment* s = segments.add(base, size, kind, stream);
   add_stat(stats.segment, kind, 1);
   if (sizes.is_oversize(size)) ++stats.oversize_segments;
   note_device_alloc(kind, stream, base, size);
-  return s->first;
+  return s;
 }
 
 bool Impl::free_segment(Segment* s) {
@@ -62,10 +66,7 @@ bool Impl::free_segment(Segment* s) {
   if (backend.free_segment(base, size) == Status::kOk) return true;
   // The device still holds the memory: it comes back as an idle segment of the pool (observers
   // hear of it again), else it would be held and counted by nobody.
-  Segment* again = segments.add(base, size, kind, stream);
-  add_stat(stats.segment, kind, 1);
-  if (sizes.is_oversize(size)) ++stats.oversize_segments;
-  note_device_alloc(kind, stream, base, size);
+  Segment* again = add_segment(base, size, kind, stream);
   --stats.num_device_alloc;  // neither call reached the device
   --stats.num_device_free;
   blocks.insert(again->first);

@@ -26,11 +26,12 @@ CUDALLOC_NOINLINE CUresult out_of_memory(ContextState& s, std::size_t bytes) {
 
 // New memory refused by the driver for another reason than its size: its own error.
 CUDALLOC_NOINLINE CUresult refused(ContextState& s, std::size_t bytes, Status st) {
-  const CUresult r = DriverBackend::take_refusal();
+  CUresult r = DriverBackend::take_refusal();
+  if (r == CUDA_SUCCESS) r = to_cuda(st);
   log_error("allocating %zu bytes on device %d: the driver refused new memory (error %d); nothing cached was "
             "released",
-            bytes, static_cast<int>(s.device), static_cast<int>(r != CUDA_SUCCESS ? r : to_cuda(st)));
-  return r != CUDA_SUCCESS ? r : to_cuda(st);
+            bytes, static_cast<int>(s.device), static_cast<int>(r));
+  return r;
 }
 
 CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_t bytes, StreamHandle stream, bool async) {

@@ -108,6 +108,20 @@ std::size_t utf8_char_len(const unsigned char* s, std::size_t n) noexcept {
   return len;
 }
 
+// Walks s[0, n): whole(p, len) for each well-formed multi-byte character, byte(c) for every
+// other byte (ASCII, or c >= 0x80 when it is not part of one). No allocation.
+template <typename Whole, typename Byte>
+void walk_utf8(const unsigned char* s, std::size_t n, Whole&& whole, Byte&& byte) noexcept {
+  for (std::size_t i = 0; i < n;) {
+    if (const std::size_t len = utf8_char_len(s + i, n - i); len > 1) {
+      whole(s + i, len);
+      i += len;
+    } else {
+      byte(s[i++]);
+    }
+  }
+}
+
 // --- formatting into a caller's buffer: no allocation, async-signal-safe.
 struct Out {
   char* p;
@@ -334,16 +348,12 @@ void TraceWriter::write_header() noexcept {
     }
     while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
     std::string line;
-    const auto* raw = reinterpret_cast<const unsigned char*>(cmd.data());
-    for (std::size_t i = 0; i < cmd.size();) {
-      if (const std::size_t len = utf8_char_len(raw + i, cmd.size() - i); len > 1) {
-        line.append(cmd, i, len);
-        i += len;
-        continue;
-      }
-      const unsigned char c = raw[i++];
-      line += c == '\0' ? ' ' : (c == '\n' || c == '\r' || c >= 0x80) ? '?' : static_cast<char>(c);
-    }
+    walk_utf8(
+        reinterpret_cast<const unsigned char*>(cmd.data()), cmd.size(),
+        [&](const unsigned char* p, std::size_t len) { line.append(reinterpret_cast<const char*>(p), len); },
+        [&](unsigned char c) {
+          line += c == '\0' ? ' ' : (c == '\n' || c == '\r' || c >= 0x80) ? '?' : static_cast<char>(c);
+        });
     h += "# cmdline=" + line + "\n";
     timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
@@ -569,17 +579,15 @@ void format_record(Out& o, std::int64_t ts_ns, int pid, std::size_t depth, const
   if (nv_len > 0) {
     if (sep) o.ch(';');
     o.str("nvtx=");
-    const auto* text = reinterpret_cast<const unsigned char*>(s);
-    for (std::size_t i = 0; i < nv_len;) {
-      if (const std::size_t len = utf8_char_len(text + i, nv_len - i); len > 1) {
-        for (std::size_t k = 0; k < len; ++k) o.ch(static_cast<char>(text[i + k]));
-        i += len;
-        continue;
-      }
-      const unsigned char c = text[i++];
-      // Keep the record one line of comma-separated fields.
-      o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : c >= 0x80 ? '?' : static_cast<char>(c));
-    }
+    walk_utf8(
+        reinterpret_cast<const unsigned char*>(s), nv_len,
+        [&](const unsigned char* p, std::size_t len) {
+          for (std::size_t k = 0; k < len; ++k) o.ch(static_cast<char>(p[k]));
+        },
+        [&](unsigned char c) {
+          // Keep the record one line of comma-separated fields.
+          o.ch((c < 0x20 || c == 0x7f || c == ',' || c == ';') ? '_' : c >= 0x80 ? '?' : static_cast<char>(c));
+        });
     sep = true;
   }
   if (r.nstack > 0 && depth > 0) {

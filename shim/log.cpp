@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <new>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,9 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
 std::atomic<spdlog::logger*> g_logger{nullptr};
 std::mutex* g_make_mutex = new std::mutex;
+// A fork child's fresh mutex, made without the heap (a fork handler must not call it: another
+// parent thread may have held the allocator's lock at the fork).
+alignas(std::mutex) unsigned char g_child_mutex[sizeof(std::mutex)];
 
 spdlog::level::level_enum to_spdlog(LogLevel l) {
   switch (l) {
@@ -139,7 +143,7 @@ void log_configure(LogLevel level, const std::string& file) {
 }
 
 void log_reset_after_fork() {
-  g_make_mutex = new std::mutex;
+  g_make_mutex = new (g_child_mutex) std::mutex;
   g_logger.store(nullptr, std::memory_order_relaxed);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 
 #include "shim/log.h"
 #include "shim/passthrough.h"
@@ -20,16 +21,21 @@ namespace cudalloc::shim {
 namespace detail {
 std::atomic<const Runtime*> g_runtime{nullptr};
 std::atomic<ProcessState*> g_state{nullptr};
+std::atomic<bool> g_state_due{false};
 }  // namespace detail
 
 namespace {
 
 using detail::g_runtime;
 using detail::g_state;
+using detail::g_state_due;
 std::mutex g_init_mutex;
 
 // The child of a fork cannot use the parent's CUDA contexts, and locks held by the parent's
-// other threads would stay locked forever: it starts over with empty state (the old is leaked).
+// other threads would stay locked forever: it starts over with empty state (the old is leaked),
+// made at its first call (caching_state_after_fork), not here: a fork handler must not call
+// the heap, whose lock another parent thread may have held at the fork (ASan's allocator, for
+// one, then never lets the child through).
 void after_fork_in_child() {
   new (&g_init_mutex) std::mutex;
   DeviceAllocator::abandon_thread_caches_after_fork();
@@ -38,7 +44,8 @@ void after_fork_in_child() {
   nvtx_after_fork_child();
   const Runtime* rt = g_runtime.load(std::memory_order_relaxed);
   if (rt != nullptr && !rt->passthrough) {
-    g_state.store(new ProcessState(rt->config), std::memory_order_release);
+    g_state.store(nullptr, std::memory_order_relaxed);
+    g_state_due.store(true, std::memory_order_release);
   }
 }
 
@@ -86,6 +93,15 @@ const Runtime& runtime() {
 
 ProcessState* detail::caching_state_first() {
   init();
+  return g_state.load(std::memory_order_acquire);
+}
+
+ProcessState* detail::caching_state_after_fork() {
+  std::lock_guard lock(g_init_mutex);
+  if (g_state_due.load(std::memory_order_acquire)) {
+    g_state.store(new ProcessState(g_runtime.load(std::memory_order_relaxed)->config), std::memory_order_release);
+    g_state_due.store(false, std::memory_order_release);
+  }
   return g_state.load(std::memory_order_acquire);
 }
 

@@ -38,13 +38,19 @@ namespace detail {
 // Heap objects that are never destroyed: hooks run during exit too.
 extern std::atomic<const Runtime*> g_runtime;
 extern std::atomic<ProcessState*> g_state;
+extern std::atomic<bool> g_state_due;  // a fork child's fresh state is made at its first call
 ProcessState* caching_state_first();
+ProcessState* caching_state_after_fork();
 }  // namespace detail
 
 // The caching state; null in passthrough mode. Inline once initialized: every hook asks.
 inline ProcessState* caching_state() {
   if (detail::g_runtime.load(std::memory_order_acquire) == nullptr) [[unlikely]] return detail::caching_state_first();
-  return detail::g_state.load(std::memory_order_acquire);
+  ProcessState* s = detail::g_state.load(std::memory_order_acquire);
+  if (s == nullptr && detail::g_state_due.load(std::memory_order_acquire)) [[unlikely]] {
+    return detail::caching_state_after_fork();
+  }
+  return s;
 }
 
 // The caching state when the hooks' hot paths may run: initialized, caching, CUDALLOC_PROFILE

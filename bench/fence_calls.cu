@@ -1,0 +1,112 @@
+// What the driver calls behind a device fence cost, from 1 and from T threads at once: the
+// calls cudalloc makes to fence a batch of cudaFree'd blocks (docs/benchmarks.md, "What a
+// device fence costs under threads").
+//   fence_calls [--threads T] [--iters N]
+// Each thread owns a non-blocking stream, as bench_pairs' threads do, and times, in turn:
+//   stream_query   cuStreamQuery of its idle stream (how a fence skips an idle stream)
+//   record_legacy  cuEventRecord on the legacy stream (the fence's event)
+//   record_own     cuEventRecord on its own stream
+//   event_query    cuEventQuery of an event that has completed
+//   ctx_current    cuCtxGetCurrent (cudaMalloc's hot path asks it once a pair)
+// and prints the median and p99 per call, all threads' timings together.
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using Clock = std::chrono::steady_clock;
+
+#define CHECK(x)                                                   \
+  do {                                                             \
+    CUresult r_ = (x);                                             \
+    if (r_ != CUDA_SUCCESS) {                                      \
+      std::fprintf(stderr, "%s: error %d\n", #x, static_cast<int>(r_)); \
+      std::exit(3);                                                \
+    }                                                              \
+  } while (0)
+
+namespace {
+
+constexpr int kWindow = 16;  // calls per timing, so the clock's own cost is not counted
+enum Call { kStreamQuery, kRecordLegacy, kRecordOwn, kEventQuery, kCtxCurrent, kCalls };
+const char* kNames[kCalls] = {"stream_query", "record_legacy", "record_own", "event_query", "ctx_current"};
+
+struct Timings {
+  std::vector<double> ns[kCalls];
+};
+
+void run_thread(CUcontext ctx, int iters, std::atomic<int>* ready, std::atomic<bool>* go, Timings* out) {
+  CHECK(cuCtxSetCurrent(ctx));
+  CUstream s = nullptr;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::vector<CUevent> events(kWindow);
+  for (CUevent& e : events) CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUevent done = nullptr;
+  CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(done, s));
+  CHECK(cuEventSynchronize(done));
+  ready->fetch_add(1);
+  while (!go->load()) std::this_thread::yield();
+  for (int it = 0; it < iters / kWindow; ++it) {
+    for (int c = 0; c < kCalls; ++c) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < kWindow; ++i) {
+        switch (c) {
+          case kStreamQuery: cuStreamQuery(s); break;
+          case kRecordLegacy: cuEventRecord(events[i], CU_STREAM_LEGACY); break;
+          case kRecordOwn: cuEventRecord(events[i], s); break;
+          case kEventQuery: cuEventQuery(done); break;
+          case kCtxCurrent: {
+            CUcontext cur = nullptr;
+            cuCtxGetCurrent(&cur);
+            break;
+          }
+        }
+      }
+      out->ns[c].push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow);
+    }
+  }
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuCtxSynchronize());
+  for (CUevent e : events) cuEventDestroy(e);
+  cuEventDestroy(done);
+  cuStreamDestroy(s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1, iters = 20000;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  }
+  CHECK(cuInit(0));
+  CUdevice dev = 0;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUcontext ctx = nullptr;
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  std::vector<Timings> timings(threads);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) ts.emplace_back(run_thread, ctx, iters, &ready, &go, &timings[t]);
+  while (ready.load() < threads) std::this_thread::yield();
+  go = true;
+  for (auto& t : ts) t.join();
+  for (int c = 0; c < kCalls; ++c) {
+    std::vector<double> all;
+    for (const Timings& t : timings) all.insert(all.end(), t.ns[c].begin(), t.ns[c].end());
+    std::sort(all.begin(), all.end());
+    std::printf("fence_calls threads=%d call=%s median_ns=%.0f p99_ns=%.0f\n", threads, kNames[c], all[all.size() / 2],
+                all[static_cast<size_t>(all.size() * 0.99)]);
+  }
+  cuDevicePrimaryCtxRelease(dev);
+  return 0;
+}

@@ -33,7 +33,7 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     // Never freed: other threads may still hold it, and nothing is given back at exit.
     state = new ContextState(ctx, dev, options_, captures_);
     state->allocator.set_observer(allocator_observer());
-    auto* next = new ContextList{live()};
+    auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;
     snapshot_.store(next, std::memory_order_release);
@@ -57,14 +57,38 @@ bool ContextRegistry::is_live(const ContextState* s) const {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+void ContextRegistry::alias(CUcontext green, ContextState* primary) {
+  {
+    std::lock_guard lock(mutex_);
+    auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};  // the old one is leaked
+    std::erase_if(next->aliases, [green](const auto& a) { return a.first == green; });
+    next->aliases.emplace_back(green, primary);
+    snapshot_.store(next, std::memory_order_release);
+  }
+  // Its work is not ordered with the primary context's legacy stream.
+  single_stream_.leave(*this, "a green context");
+}
+
+void ContextRegistry::unalias(CUcontext green) {
+  std::lock_guard lock(mutex_);
+  auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
+  std::erase_if(next->aliases, [green](const auto& a) { return a.first == green; });
+  snapshot_.store(next, std::memory_order_release);
+}
+
 std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
   ContextState* state = nullptr;
   {
     std::lock_guard lock(mutex_);
-    state = find(ctx);
+    // Its own state only: a green context's end (or a cuCtxDestroy the driver refuses for
+    // one) leaves the primary context's state alone.
+    for (ContextState* s : live()) {
+      if (s->ctx == ctx) state = s;
+    }
     if (state == nullptr) return {};
-    auto* next = new ContextList{live()};
+    auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     std::erase(next->states, state);
+    std::erase_if(next->aliases, [state](const auto& a) { return a.second == state; });
     snapshot_.store(next, std::memory_order_release);
   }
   state->backend.mark_dead();

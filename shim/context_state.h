@@ -45,11 +45,19 @@ struct LineAllocator {
   bool operator==(const LineAllocator<U>&) const { return true; }
 };
 
-// The live contexts, replaced (never modified) when one comes or goes.
+// The live contexts, replaced (never modified) when one comes or goes. A green context has no
+// state of its own: its memory is its device's primary context's (the driver says so of every
+// allocation made under one), so it names the primary's state here.
 struct alignas(64) ContextList {
   using States = std::vector<ContextState*, LineAllocator<ContextState*>>;
   States states;
+  std::vector<std::pair<CUcontext, ContextState*>> aliases;
 };
+
+struct ProcessState;
+// A green context met (cuCtxFromGreenCtx, cuGreenCtxStreamCreate): from now on it names its
+// device's primary context's state, whose fences cover it (hooks_context.cpp).
+void adopt_green_context(ProcessState& ps, CUcontext green);
 
 class ContextRegistry {
  public:
@@ -64,11 +72,18 @@ class ContextRegistry {
     return ctx == nullptr ? nullptr : make(ctx);
   }
   ContextState* find(CUcontext ctx) const {
-    for (ContextState* s : live()) {
+    const ContextList& list = *snapshot_.load(std::memory_order_acquire);
+    for (ContextState* s : list.states) {
       if (s->ctx == ctx) return s;
+    }
+    for (const auto& [green, s] : list.aliases) {
+      if (green == ctx) return s;
     }
     return nullptr;
   }
+  // A green context (cuCtxFromGreenCtx) names `primary`'s state from now on; unalias: it is gone.
+  void alias(CUcontext green, ContextState* primary);
+  void unalias(CUcontext green);
   // The state whose allocator holds `p` (live, free or pending); null if none.
   ContextState* owner(CUdeviceptr p) const;
   // The live states (a snapshot: safe to use while others change the registry).

@@ -53,6 +53,8 @@ namespace cudalloc::shim {
   X(cuStreamCreate, CUresult(CUstream*, unsigned int))                                         \
   X(cuStreamCreateWithPriority, CUresult(CUstream*, unsigned int, int))                        \
   X(cuGreenCtxStreamCreate, CUresult(CUstream*, CUgreenCtx, unsigned int, int))                \
+  X(cuCtxFromGreenCtx, CUresult(CUcontext*, CUgreenCtx))                                       \
+  X(cuGreenCtxDestroy, CUresult(CUgreenCtx))                                                   \
   X(cuStreamDestroy, CUresult(CUstream))                                                       \
   X(cuStreamDestroy_v2, CUresult(CUstream))                                                    \
   X(cuStreamGetFlags, CUresult(CUstream, unsigned int*))                                       \

@@ -275,14 +275,34 @@ void DriverBackend::unmark_helper(StreamInfo* s) {
   if (mark != nullptr) wait_behind(s->handle, mark);
 }
 
-void DriverBackend::wait_behind(CUstream s, CUevent e) {
-  CurrentContext current(ctx_);
+void DriverBackend::wait_behind(CUstream s, CUevent e, CUcontext in) {
+  CurrentContext current(in != nullptr ? in : ctx_);
   if (driver().cuStreamWaitEvent(s, e, 0) == CUDA_SUCCESS) return;
   log_warn("a non-blocking stream could not wait for the legacy stream's work; the host waits for it instead");
   driver().cuEventSynchronize(e);
 }
 
 bool DriverBackend::settle_reuse() { return record_device_fence()->wait(); }
+
+void DriverBackend::add_green(CUcontext green) {
+  CUevent mark = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (dead_ || std::find(greens_.begin(), greens_.end(), green) != greens_.end()) return;
+    greens_.push_back(green);
+    mark = order_mark_.load(std::memory_order_relaxed);
+  }
+  log_debug("green context %p shares the memory of context %p: device fences record in it too",
+            static_cast<void*>(green), static_cast<void*>(ctx_));
+  // Blocks handed out under ordering fences so far may still be used by their last owner's
+  // legacy-stream work, which the green context's work is not ordered behind.
+  if (mark != nullptr) wait_behind(CU_STREAM_LEGACY, mark, green);
+}
+
+void DriverBackend::remove_green(CUcontext green) {
+  std::lock_guard lock(mutex_);
+  std::erase(greens_, green);
+}
 
 void DriverBackend::end_ordered_era() {
   if (dead()) return;
@@ -340,9 +360,15 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   auto fence = std::make_unique<EventFence>(this);
-  // The legacy stream (whose event also waits for blocking and per-thread streams) and every
-  // non-blocking stream, with its info.
-  std::vector<std::pair<CUstream, StreamInfo*>> targets{{CU_STREAM_LEGACY, nullptr}};
+  // The legacy stream (whose event also waits for blocking and per-thread streams), every
+  // non-blocking stream, with its info, and every green context's legacy stream (recorded with
+  // that context current).
+  struct Target {
+    CUstream stream;
+    StreamInfo* info;
+    CUcontext in;  // null: this context
+  };
+  std::vector<Target> targets{{CU_STREAM_LEGACY, nullptr, nullptr}};
   std::vector<std::shared_ptr<Tail>> finished;  // released after the lock: ~Tail takes it
   // The order mark, if there is none yet (it is only set, under the lock, once per context).
   CUevent spare = order_mark_.load(std::memory_order_relaxed) == nullptr ? take_event() : nullptr;
@@ -350,9 +376,11 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     std::lock_guard lock(mutex_);
     bool independent = false;  // a non-blocking stream not ordered with the legacy one
     for (StreamInfo* s : non_blocking_) {
-      targets.emplace_back(s->handle, s);
+      targets.push_back(Target{s->handle, s, nullptr});
       independent = independent || !s->helper.load(std::memory_order_relaxed);
     }
+    for (CUcontext green : greens_) targets.push_back(Target{CU_STREAM_LEGACY, nullptr, green});
+    independent = independent || !greens_.empty();
     for (auto& t : tails_) {
       (t->query() ? finished : fence->tails).push_back(t);
     }
@@ -378,10 +406,16 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   // Under the capture lock: a capture that began on one of these streams after the caller's
   // check would be invalidated by the query, and would swallow the event.
   const bool recorded = captures_.unless_capturing([&] {
-    for (const auto& [s, info] : targets) {
-      if (info != nullptr && stream_idle(*info, s)) continue;
+    for (const Target& t : targets) {
+      if (t.info != nullptr && stream_idle(*t.info, t.stream)) continue;
       CUevent e = take_event();
-      const CUresult r = e == nullptr ? CUDA_ERROR_UNKNOWN : driver().cuEventRecord(e, s);
+      CUresult r = CUDA_ERROR_UNKNOWN;
+      if (e != nullptr && t.in != nullptr) {
+        CurrentContext green(t.in);
+        r = green.ok() ? driver().cuEventRecord(e, t.stream) : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+      } else if (e != nullptr) {
+        r = driver().cuEventRecord(e, t.stream);
+      }
       if (r == CUDA_SUCCESS) {
         fence->events.push_back(e);
         continue;

@@ -61,6 +61,11 @@ class DriverBackend final : public SegmentBackend {
   // queued so far, which non-blocking streams then wait for (follow_ordered_era).
   void end_ordered_era();
   void follow_ordered_era(StreamInfo* s);
+  // A green context of this (primary) context's device: its memory is this context's, and its
+  // kernels may use any block, so device fences record on its legacy stream too, and reuse is
+  // never ordered by the legacy stream alone. remove_green: it is about to be destroyed.
+  void add_green(CUcontext green);
+  void remove_green(CUcontext green);
   // The context is gone: no driver call on its objects any more.
   void mark_dead();
   bool dead() const;
@@ -88,6 +93,7 @@ class DriverBackend final : public SegmentBackend {
   bool dead_ = false;
   std::vector<CUevent> free_events_;
   std::vector<StreamInfo*> non_blocking_;
+  std::vector<CUcontext> greens_;
   CUevent ordered_era_end_ = nullptr;  // kept for the context's life; null: none, or waited for
   // Recorded on the legacy stream by every fence that orders reuse (see above), so that a
   // non-blocking stream met later can wait behind them all, even while a capture is on; null
@@ -99,8 +105,9 @@ class DriverBackend final : public SegmentBackend {
   // Segments given back while a capture was on (cuMemFree would break a global capture).
   std::vector<DevicePtr> deferred_frees_;
   void flush_deferred_frees();
-  // `s` runs nothing queued from now on before `e` completes (the host waits if it cannot).
-  void wait_behind(CUstream s, CUevent e);
+  // `s` (of context `in`, this one's by default) runs nothing queued from now on before `e`
+  // completes (the host waits if it cannot).
+  void wait_behind(CUstream s, CUevent e, CUcontext in = nullptr);
 };
 
 }  // namespace cudalloc::shim

@@ -26,6 +26,8 @@
   X(cuStreamCreate)                   \
   X(cuStreamCreateWithPriority)       \
   X(cuGreenCtxStreamCreate)           \
+  X(cuCtxFromGreenCtx)                \
+  X(cuGreenCtxDestroy)                \
   X(cuStreamDestroy)                  \
   X(cuStreamDestroy_v2)               \
   X(cuStreamBeginCapture)             \

@@ -5,6 +5,7 @@
 #include <array>
 #include <mutex>
 
+#include "shim/current_context.h"
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"
@@ -84,6 +85,57 @@ CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev) {
 }
 
 }  // namespace
+
+// Every allocation made under a green context is its device's primary context's (the driver
+// reports that context as the owner, and the memory outlives the green context), and kernels
+// of either may use it: one allocator serves both, and its device fences record in both.
+void cudalloc::shim::adopt_green_context(ProcessState& ps, CUcontext green) {
+  CUdevice dev = 0;
+  {
+    CurrentContext current(green);
+    if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return;
+  }
+  CUcontext primary = nullptr;
+  {
+    std::lock_guard lock(primary_lock(dev));
+    primary = active_primary(dev);  // active: the green context holds a retain on it
+  }
+  if (primary == nullptr || primary == green) return;
+  ContextState* s = ps.contexts.get(primary);
+  if (s == nullptr) return;
+  if (ps.contexts.find(green) != s) ps.contexts.alias(green, s);
+  s->backend.add_green(green);
+}
+
+CUDALLOC_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* ctx, CUgreenCtx green) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (d.cuCtxFromGreenCtx == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = d.cuCtxFromGreenCtx(ctx, green);
+  if (ps != nullptr && r == CUDA_SUCCESS && ctx != nullptr && *ctx != nullptr) adopt_green_context(*ps, *ctx);
+  return r;
+}
+
+// The green context's queued work finishes first: once it is gone no fence can record in it,
+// and blocks freed later may have been used there.
+CUDALLOC_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (d.cuGreenCtxDestroy == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUcontext ctx = nullptr;
+  if (ps != nullptr && d.cuCtxFromGreenCtx != nullptr && d.cuCtxFromGreenCtx(&ctx, green) == CUDA_SUCCESS &&
+      ctx != nullptr) {
+    if (ContextState* s = ps->contexts.find(ctx); s != nullptr && s->ctx != ctx) {
+      {
+        CurrentContext current(ctx);
+        if (current.ok()) d.cuCtxSynchronize();
+      }
+      s->backend.remove_green(ctx);
+      ps->contexts.unalias(ctx);
+    }
+  }
+  return d.cuGreenCtxDestroy(green);
+}
 
 CUDALLOC_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return ctx_destroy(driver().cuCtxDestroy, ctx); }
 CUDALLOC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(driver().cuCtxDestroy_v2, ctx); }

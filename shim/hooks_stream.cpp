@@ -12,12 +12,14 @@ using namespace cudalloc::shim;
 namespace {
 
 // `caller`: where the stream call returns to, to tell a library's helper streams apart
-// (helper_streams.h); nullptr when the program's own.
-CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void* caller = nullptr) {
+// (helper_streams.h); nullptr when the program's own. `in`: the stream's context, when it is
+// not the current one (a green context's stream).
+CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void* caller = nullptr,
+                        CUcontext in = nullptr) {
   ProcessState* ps = caching_state();
   if (ps == nullptr || r != CUDA_SUCCESS || stream == nullptr) return r;
-  CUcontext ctx = nullptr;
-  driver().cuCtxGetCurrent(&ctx);
+  CUcontext ctx = in;
+  if (ctx == nullptr) driver().cuCtxGetCurrent(&ctx);
   log_debug("stream %p created in context %p, flags %#x", static_cast<void*>(*stream), static_cast<void*>(ctx), flags);
   StreamInfo* si = ps->streams.created(*stream, ctx, flags);
   if (ContextState* s = ps->contexts.get(ctx)) {
@@ -90,17 +92,20 @@ CUDALLOC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned i
                         __builtin_return_address(0));
 }
 
-// A green context's streams (always non-blocking) run kernels on the memory of the thread's
-// current context: that context's device fences must record on them too. Whether the real
-// driver records its events there has not been tried on a GPU yet; where it refuses, the
-// fence falls back to a synchronize.
+// A green context's streams (always non-blocking) belong to the green context, whose memory
+// is its device's primary context's (hooks_context.cpp): that context's device fences record
+// on them too (the H200 takes the primary context's events there).
 CUDALLOC_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
                                                 int priority) {
   caching_state();
   const DriverApi& d = driver();
   if (d.cuGreenCtxStreamCreate == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUcontext in = nullptr;
+  if (d.cuCtxFromGreenCtx == nullptr || d.cuCtxFromGreenCtx(&in, green) != CUDA_SUCCESS) in = nullptr;
+  // A program may use a green context's streams without ever making it current.
+  if (ProcessState* ps = caching_state(); ps != nullptr && in != nullptr) adopt_green_context(*ps, in);
   return stream_created(d.cuGreenCtxStreamCreate(stream, green, flags, priority), stream,
-                        flags | CU_STREAM_NON_BLOCKING);
+                        flags | CU_STREAM_NON_BLOCKING, nullptr, in);
 }
 
 CUDALLOC_EXPORT CUresult cuStreamDestroy(CUstream stream) { return stream_destroy(driver().cuStreamDestroy, stream); }

@@ -239,6 +239,9 @@ struct Device;
 struct Ctx {
     int dev = 0;
     bool primary = false;
+    // A green context: its allocations are this primary context's, which also waits for its
+    // work when synchronized (as the driver does).
+    Ctx* green_of = nullptr;
     bool alive = true;
     unsigned flags = 0;
     uint64_t id = 0;
@@ -316,6 +319,7 @@ struct Driver {
     std::map<void*, size_t> host_allocs;
     std::unordered_map<Stream*, std::shared_ptr<Stream>> streams;
     std::set<Ctx*> ctxs;  // non-primary contexts alive
+    std::set<Ctx*> greens;  // green contexts alive
     std::set<VmHandle*> vm_handles;
     std::set<Graph*> graphs;
     std::set<GraphExec*> graph_execs;
@@ -375,7 +379,7 @@ Ctx* current_ctx() {
 
 bool valid_ctx_locked(Ctx* c) {
     if (!c) return false;
-    if (drv().ctxs.count(c)) return c->alive;
+    if (drv().ctxs.count(c) || drv().greens.count(c)) return c->alive;
     for (auto& d : drv().devices)
         if (&d->primary == c) return c->alive;
     return false;
@@ -591,6 +595,11 @@ std::vector<Dep> ctx_fence_locked(Ctx* ctx) {
         if (s->submitted) v.push_back({s->shared_from_this(), s->submitted});
     std::erase_if(ctx->retired, [](const std::shared_ptr<Stream>& s) { return s->completed.load() >= s->submitted; });
     for (const auto& s : ctx->retired) v.push_back({s, s->submitted});
+    for (Ctx* g : drv().greens) {
+        if (g->green_of != ctx) continue;
+        std::vector<Dep> more = ctx_fence_locked(g);
+        v.insert(v.end(), more.begin(), more.end());
+    }
     return v;
 }
 
@@ -1097,7 +1106,7 @@ FK_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     std::lock_guard<std::mutex> lk(g_mu);
     if (unsafe_call_prohibited_locked()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    return alloc_linear_locked(ctx, bytesize, Kind::Linear, dptr);
+    return alloc_linear_locked(ctx->green_of ? ctx->green_of : ctx, bytesize, Kind::Linear, dptr);
 }
 
 FK_API CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
@@ -1500,12 +1509,60 @@ FK_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* ph, unsigned int fl
     return stream_create(ph, flags, priority);
 }
 
-// Green contexts are not modelled: a stream of any green context is a non-blocking stream of
-// the calling thread's current context (the driver requires CU_STREAM_NON_BLOCKING here too).
-FK_API CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* ph, CUgreenCtx, unsigned int flags, int priority) {
+// --- green contexts: a context of their own (streams, a legacy stream) over the primary
+// context's memory. Resources are not modelled: the descriptor is ignored.
+FK_API CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* ph, CUdevResourceDesc, CUdevice dev, unsigned int) {
+    FK_ENTER();
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    if (check_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Device& d = *drv().devices[size_t(dev)];
+    Ctx* c = new Ctx;
+    c->dev = dev;
+    c->id = drv().next_ctx_id++;
+    c->green_of = &d.primary;
+    d.primary_refs++;  // the driver retains the primary context for it
+    d.primary.alive = true;
+    drv().greens.insert(c);
+    *ph = reinterpret_cast<CUgreenCtx>(c);
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx h) {
+    FK_ENTER();
+    Ctx* c = reinterpret_cast<Ctx*>(h);
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (!pctx || !drv().greens.count(c)) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = reinterpret_cast<CUcontext>(c);  // the same handle, as the driver gives
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
+    FK_ENTER();
+    Ctx* c = reinterpret_cast<Ctx*>(h);
+    std::unique_lock<std::mutex> lk(g_mu);
+    if (!drv().greens.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_teardown_locked(c, lk);  // its allocations are the primary context's: none go
+    c->alive = false;
+    drv().greens.erase(c);
+    auto& st = t_ctx_stack;
+    st.erase(std::remove(st.begin(), st.end(), c), st.end());
+    lk.unlock();
+    return primary_release(c->dev);  // the Ctx is leaked, as cuCtxDestroy's
+}
+
+// A stream of the green context (the driver requires CU_STREAM_NON_BLOCKING here); with no
+// green context, one of the calling thread's current context.
+FK_API CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* ph, CUgreenCtx h, unsigned int flags, int priority) {
     FK_ENTER();
     if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
-    return stream_create(ph, flags, priority);
+    if (!h) return stream_create(ph, flags, priority);
+    Ctx* c = reinterpret_cast<Ctx*>(h);
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (!ph || !drv().greens.count(c)) return CUDA_ERROR_INVALID_VALUE;
+    auto s = make_stream_locked(c, flags, std::clamp(priority, -5, 0), false, false);
+    *ph = reinterpret_cast<CUstream>(s.get());
+    return CUDA_SUCCESS;
 }
 
 FK_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream h) {

@@ -20,16 +20,9 @@
 #include <thread>
 #include <vector>
 
-using Clock = std::chrono::steady_clock;
+#include "common.h"
 
-#define CHECK(x)                                                   \
-  do {                                                             \
-    CUresult r_ = (x);                                             \
-    if (r_ != CUDA_SUCCESS) {                                      \
-      std::fprintf(stderr, "%s: error %d\n", #x, static_cast<int>(r_)); \
-      std::exit(3);                                                \
-    }                                                              \
-  } while (0)
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -42,15 +35,15 @@ struct Timings {
 };
 
 void run_thread(CUcontext ctx, int iters, std::atomic<int>* ready, std::atomic<bool>* go, Timings* out) {
-  CHECK(cuCtxSetCurrent(ctx));
+  CHECK_CU(cuCtxSetCurrent(ctx));
   CUstream s = nullptr;
-  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   std::vector<CUevent> events(kWindow);
-  for (CUevent& e : events) CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  for (CUevent& e : events) CHECK_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   CUevent done = nullptr;
-  CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
-  CHECK(cuEventRecord(done, s));
-  CHECK(cuEventSynchronize(done));
+  CHECK_CU(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  CHECK_CU(cuEventRecord(done, s));
+  CHECK_CU(cuEventSynchronize(done));
   ready->fetch_add(1);
   while (!go->load()) std::this_thread::yield();
   for (int it = 0; it < iters / kWindow; ++it) {
@@ -72,8 +65,8 @@ void run_thread(CUcontext ctx, int iters, std::atomic<int>* ready, std::atomic<b
       out->ns[c].push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow);
     }
   }
-  CHECK(cuStreamSynchronize(s));
-  CHECK(cuCtxSynchronize());
+  CHECK_CU(cuStreamSynchronize(s));
+  CHECK_CU(cuCtxSynchronize());
   for (CUevent e : events) cuEventDestroy(e);
   cuEventDestroy(done);
   cuStreamDestroy(s);
@@ -87,11 +80,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
   }
-  CHECK(cuInit(0));
+  CHECK_CU(cuInit(0));
   CUdevice dev = 0;
-  CHECK(cuDeviceGet(&dev, 0));
+  CHECK_CU(cuDeviceGet(&dev, 0));
   CUcontext ctx = nullptr;
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   std::vector<Timings> timings(threads);
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdio>
 #include <cstdlib>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #define CHECK_CUDA(call)                                                                     \
@@ -11,6 +12,16 @@
       std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
       std::exit(3);                                                                          \
     }                                                                                        \
+  } while (0)
+
+// The same for a driver call.
+#define CHECK_CU(call)                                                                        \
+  do {                                                                                        \
+    CUresult r_ = (call);                                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                                 \
+      std::fprintf(stderr, "%s:%d: %s -> error %d\n", __FILE__, __LINE__, #call, static_cast<int>(r_)); \
+      std::exit(3);                                                                           \
+    }                                                                                         \
   } while (0)
 
 // Spins on the device for about `ns` nanoseconds so that later work is still queued.

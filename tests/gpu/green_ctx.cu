@@ -12,15 +12,6 @@
 
 #include "common.h"
 
-#define CHECK_CU(call)                                                              \
-  do {                                                                              \
-    CUresult r_ = (call);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                       \
-      std::fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, int(r_)); \
-      std::exit(3);                                                                 \
-    }                                                                               \
-  } while (0)
-
 __global__ void late_fill(unsigned char* p, size_t n, unsigned char v, unsigned long long delay_ns) {
   if (blockIdx.x == 0 && threadIdx.x == 0) spin_ns(delay_ns);
   __syncthreads();

@@ -12,10 +12,16 @@ namespace cudalloc::shim {
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures)
     : ctx(c), device(dev), backend(c, dev, captures), allocator(backend, options, static_cast<int>(dev)) {}
 
-CUDALLOC_HOT ContextState* ContextRegistry::current() {
+CUDALLOC_HOT ContextState* ContextRegistry::current(StreamInfo** stream) {
   CUcontext ctx = nullptr;
   if (driver().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
-  return get(ctx);
+  return get(ctx, stream);
+}
+
+StreamInfo* ContextRegistry::legacy_of_slow(StreamInfo* stream) {
+  CUcontext ctx = nullptr;
+  if (driver().cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr) find(ctx, &stream);
+  return stream;
 }
 
 ContextState* ContextRegistry::make(CUcontext ctx) {
@@ -61,8 +67,13 @@ void ContextRegistry::alias(CUcontext green, ContextState* primary) {
   {
     std::lock_guard lock(mutex_);
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};  // the old one is leaked
-    std::erase_if(next->aliases, [green](const auto& a) { return a.first == green; });
-    next->aliases.emplace_back(green, primary);
+    for (const ContextList::Alias& a : next->aliases) {
+      if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
+    }
+    std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
+    // Never freed, as every StreamInfo: keys stay unique.
+    auto* legacy = new StreamInfo{StreamInfo::Kind::kCreated, CU_STREAM_LEGACY, green, false, {true}};
+    next->aliases.push_back(ContextList::Alias{green, primary, legacy});
     snapshot_.store(next, std::memory_order_release);
   }
   // Its work is not ordered with the primary context's legacy stream.
@@ -72,7 +83,10 @@ void ContextRegistry::alias(CUcontext green, ContextState* primary) {
 void ContextRegistry::unalias(CUcontext green) {
   std::lock_guard lock(mutex_);
   auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
-  std::erase_if(next->aliases, [green](const auto& a) { return a.first == green; });
+  for (const ContextList::Alias& a : next->aliases) {
+    if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
+  }
+  std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
   snapshot_.store(next, std::memory_order_release);
 }
 
@@ -88,7 +102,10 @@ std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
     if (state == nullptr) return {};
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     std::erase(next->states, state);
-    std::erase_if(next->aliases, [state](const auto& a) { return a.second == state; });
+    for (const ContextList::Alias& a : next->aliases) {
+      if (a.state == state) a.legacy->alive.store(false, std::memory_order_release);
+    }
+    std::erase_if(next->aliases, [state](const auto& a) { return a.state == state; });
     snapshot_.store(next, std::memory_order_release);
   }
   state->backend.mark_dead();

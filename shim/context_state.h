@@ -13,6 +13,7 @@
 #include "shim/cuda_api.h"
 #include "shim/driver_backend.h"
 #include "shim/single_stream.h"
+#include "shim/streams.h"
 
 namespace cudalloc::shim {
 
@@ -51,7 +52,15 @@ struct LineAllocator {
 struct alignas(64) ContextList {
   using States = std::vector<ContextState*, LineAllocator<ContextState*>>;
   States states;
-  std::vector<std::pair<CUcontext, ContextState*>> aliases;
+  // A green context, the primary's state it names, and its own legacy stream: a stream key
+  // apart from the primary's legacy stream (the two are not ordered with each other), a
+  // stream of the green context for the backend (its fences record there, in that context).
+  struct Alias {
+    CUcontext green;
+    ContextState* state;
+    StreamInfo* legacy;
+  };
+  std::vector<Alias> aliases;
 };
 
 struct ProcessState;
@@ -65,21 +74,34 @@ class ContextRegistry {
       : options_(options), captures_(captures), single_stream_(single_stream) {}
 
   // The state of the calling thread's current context; null when there is none.
-  ContextState* current();
+  // `stream` (optional): the stream a memory call names, resolved from the calling thread;
+  // when the current context is a green one and that is the legacy stream, it becomes the
+  // green context's own legacy stream.
+  ContextState* current(StreamInfo** stream = nullptr);
   // The state of `ctx`, made if needed (the context need not be current).
-  ContextState* get(CUcontext ctx) {
-    if (ContextState* s = find(ctx)) return s;
+  ContextState* get(CUcontext ctx, StreamInfo** stream = nullptr) {
+    if (ContextState* s = find(ctx, stream)) return s;
     return ctx == nullptr ? nullptr : make(ctx);
   }
-  ContextState* find(CUcontext ctx) const {
+  ContextState* find(CUcontext ctx, StreamInfo** stream = nullptr) const {
     const ContextList& list = *snapshot_.load(std::memory_order_acquire);
     for (ContextState* s : list.states) {
       if (s->ctx == ctx) return s;
     }
-    for (const auto& [green, s] : list.aliases) {
-      if (green == ctx) return s;
+    for (const ContextList::Alias& a : list.aliases) {
+      if (a.green != ctx) continue;
+      if (stream != nullptr && *stream != nullptr && (*stream)->kind == StreamInfo::Kind::kLegacy) *stream = a.legacy;
+      return a.state;
     }
     return nullptr;
+  }
+  // Whether some green context names a state (then the legacy stream a call names depends on
+  // the thread's current context: legacy_of).
+  bool any_alias() const { return !snapshot_.load(std::memory_order_acquire)->aliases.empty(); }
+  // `stream` as the calling thread's current context sees it (see current()).
+  StreamInfo* legacy_of(StreamInfo* stream) {
+    if (stream == nullptr || stream->kind != StreamInfo::Kind::kLegacy || !any_alias()) [[likely]] return stream;
+    return legacy_of_slow(stream);
   }
   // A green context (cuCtxFromGreenCtx) names `primary`'s state from now on; unalias: it is gone.
   void alias(CUcontext green, ContextState* primary);
@@ -95,6 +117,7 @@ class ContextRegistry {
 
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
+  StreamInfo* legacy_of_slow(StreamInfo* stream);
 
   const AllocatorOptions& options_;
   CaptureTracker& captures_;

@@ -302,6 +302,11 @@ void DriverBackend::add_green(CUcontext green) {
 void DriverBackend::remove_green(CUcontext green) {
   std::lock_guard lock(mutex_);
   std::erase(greens_, green);
+  // Its streams outlive it, detached: the driver refuses every call on them (CUDA 12 still
+  // takes their destroy), so no fence could record there any more (each one would fall back
+  // to a synchronize), and a destroy after this one would not find this state. Their work is done
+  // (the caller synchronized the green context).
+  std::erase_if(non_blocking_, [green](const StreamInfo* s) { return s->ctx == green; });
 }
 
 void DriverBackend::end_ordered_era() {

@@ -63,7 +63,8 @@ class DriverBackend final : public SegmentBackend {
   void follow_ordered_era(StreamInfo* s);
   // A green context of this (primary) context's device: its memory is this context's, and its
   // kernels may use any block, so device fences record on its legacy stream too, and reuse is
-  // never ordered by the legacy stream alone. remove_green: it is about to be destroyed.
+  // never ordered by the legacy stream alone. remove_green: it is about to be destroyed, its work
+  // done; its streams are forgotten too.
   void add_green(CUcontext green);
   void remove_green(CUcontext green);
   // The context is gone: no driver call on its objects any more.

@@ -115,7 +115,7 @@ int detached(client::Client& c) {
   Green g = make_green(c);
   CUstream gs = nullptr;
   CHECK_OR_DIE(g.stream(&gs, g.handle, CU_STREAM_NON_BLOCKING, 0) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(gs, 0, 0, 0, 1000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.launch_sleep(gs, 1000) == CUDA_SUCCESS);  // work of its own on the stream
   const bool before = reuses(c);
   CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);  // gs is left: the driver keeps it, detached
   const bool after = reuses(c);

@@ -97,13 +97,13 @@ CUDALLOC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned i
 // on them too (the H200 takes the primary context's events there).
 CUDALLOC_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
                                                 int priority) {
-  caching_state();
+  ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   if (d.cuGreenCtxStreamCreate == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUcontext in = nullptr;
   if (d.cuCtxFromGreenCtx == nullptr || d.cuCtxFromGreenCtx(&in, green) != CUDA_SUCCESS) in = nullptr;
   // A program may use a green context's streams without ever making it current.
-  if (ProcessState* ps = caching_state(); ps != nullptr && in != nullptr) adopt_green_context(*ps, in);
+  if (ps != nullptr && in != nullptr) adopt_green_context(*ps, in);
   return stream_created(d.cuGreenCtxStreamCreate(stream, green, flags, priority), stream,
                         flags | CU_STREAM_NON_BLOCKING, nullptr, in);
 }

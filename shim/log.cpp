@@ -13,10 +13,10 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
-#include <new>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 
 namespace cudalloc::shim {
 

@@ -128,12 +128,13 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   bool refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded);
   // The slow ends of DeviceAllocator::allocate and ::free (thread_cache_paths.cpp), out of
   // line so that the hot paths save no registers: a miss of the hot path; a hit whose block
-  // enters the live table's hashed part; a hit reported to the observer; the locked path; a
-  // free the hot path does not take; a reusable block its bin has no room for; a full batch.
+  // enters the live table's hashed part; a hit, or a cached free, reported to the observer; the
+  // locked path; a free the hot path does not take; a reusable block its bin has no room for; a full batch.
   Status allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
   Status hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream, DevicePtr* out,
                         bool async);
   Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async);
+  void observed_free(const Block* b, StreamHandle stream, bool async, bool local = true);
   Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
   Status bin_full(Block* b);

@@ -285,6 +285,12 @@ CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, S
   return Status::kOk;
 }
 
+// A free the cache takes, reported while the cache's lock is held (see free_block).
+CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, bool async, bool local) {
+  count_allocated(-static_cast<std::int64_t>(b->size));
+  notify(EventKind::kFree, stream, b->ptr, b->requested, b->size, Status::kOk, async, false, local);
+}
+
 CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   std::lock_guard lock(mutex);
   return allocate(bytes, stream, out, async);
@@ -340,10 +346,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // Reported before the block enters the cache, where another thread may drain it (under the
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
-    if (observer.load(std::memory_order_relaxed) != nullptr) {
-      count_allocated(-static_cast<std::int64_t>(b->size));
-      notify(EventKind::kFree, stream, ptr, b->requested, b->size, Status::kOk, async, false, /*local=*/found_own);
-    }
+    if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, found_own);
     if (reusable) {
       const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
       held.unlock();
@@ -405,16 +408,18 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   ThreadCache& cache = *t_last_cache;
   cache.lock.lock();
   Block* b = cache.live.take_newest(ptr);
-  if (b != nullptr && m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+  if (b != nullptr) [[likely]] {
     const bool small = b->pool == PoolKind::kSmall;
     if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
+        if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
         const bool cached = park_reusable(m, cache, b, key);
         cache.lock.unlock();
         return cached ? Status::kOk : m.bin_full(b);
       }
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
+      if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
       count_deferred(m, cache, b);
       const bool due = cache.batch_due();
       cache.lock.unlock();

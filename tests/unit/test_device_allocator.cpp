@@ -827,6 +827,11 @@ TEST_CASE("the hot paths' fallbacks keep the cache and the statistics exact") {
   CHECK(f.stat("allocation.all.current") == static_cast<std::int64_t>(n));
   for (DevicePtr p : again) REQUIRE(f.alloc.free(p, FreeOrder::kStream, kStreamA, true) == Status::kOk);
 
+  // cudaFree's order reaches the hot path once a batch has been closed (deferred frees go in
+  // place, into the capacity a closed batch leaves).
+  for (std::size_t i = 0; i <= ThreadCache::kBatchBlocks; ++i) {
+    REQUIRE(f.alloc.free(f.get(1000, kStreamA), FreeOrder::kDevice, kStreamA, false) == Status::kOk);
+  }
   // An observer attached once the hot path runs hears of its hits and frees.
   struct Recorder : AllocatorObserver {
     std::vector<AllocatorEvent> events;
@@ -842,6 +847,21 @@ TEST_CASE("the hot paths' fallbacks keep the cache and the statistics exact") {
   CHECK(rec.events[0].rounded == 1024);
   CHECK(rec.events[1].kind == EventKind::kFree);
   CHECK(rec.events[1].ptr == a);
+  CHECK(rec.events[1].local);
+  CHECK(rec.events[1].allocated_after + 1024 == rec.events[0].allocated_after);
+  // The same through cudaFree's order: the block waits for a fence, and the free is heard once.
+  const DevicePtr d = f.get(1000, kStreamA);
+  REQUIRE(f.alloc.free(d, FreeOrder::kDevice, kStreamA, false) == Status::kOk);
+  REQUIRE(rec.events.size() == 4);
+  CHECK(rec.events[3].kind == EventKind::kFree);
+  CHECK(rec.events[3].ptr == d);
+  CHECK(rec.events[3].requested == 1000);
+  CHECK(rec.events[3].rounded == 1024);
+  CHECK_FALSE(rec.events[3].async);
+  CHECK(rec.events[3].local);
+  CHECK(rec.events[3].allocated_after + 1024 == rec.events[2].allocated_after);
+  CHECK(f.alloc.free(d, FreeOrder::kDevice, kStreamA, false) == Status::kInvalidValue);
+  CHECK(rec.events.size() == 4);  // a double free is no event
   f.alloc.set_observer(nullptr);
 }
 

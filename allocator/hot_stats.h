@@ -36,6 +36,12 @@ class HotStats {
   CUDALLOC_INLINE void free(const Block* b, bool oversize) { count_free(touch(b), b, oversize); }
   // The block stops being active: it can be handed out again.
   CUDALLOC_INLINE void inactive(const Block* b) { count_inactive(touch(b), b); }
+  // `n` small-pool blocks of `bytes` in all stop being active at once (a refill's run).
+  CUDALLOC_INLINE void inactive_small(std::int64_t n, std::int64_t bytes) {
+    Pool& d = touch_slot(slot_of(PoolKind::kSmall));
+    d.inactives += n;
+    d.inactive_bytes += bytes;
+  }
   // Both at once: freed in stream order and reusable at once (one pool lookup).
   CUDALLOC_INLINE void free_reusable(const Block* b, bool oversize) {
     Pool& d = touch(b);
@@ -82,8 +88,8 @@ class HotStats {
   // pools_' slot of a pool kind (its stats are at stat_index(kind)).
   static constexpr std::size_t slot_of(PoolKind kind) { return kind == PoolKind::kSmall ? 0 : 1; }
 
-  CUDALLOC_INLINE Pool& touch(const Block* b) {
-    const std::size_t p = slot_of(b->pool);
+  CUDALLOC_INLINE Pool& touch(const Block* b) { return touch_slot(slot_of(b->pool)); }
+  CUDALLOC_INLINE Pool& touch_slot(std::size_t p) {
     if (touched_ != 1u << p) [[unlikely]] note_pool(p);
     return pools_[p];
   }

@@ -80,6 +80,35 @@ class ThreadCache {
     return put(bins_[index(block->stream, size)], block, size);
   }
 
+  // Moves the leading blocks of `from` (small, of key (stream, size) by `key_of`) into that bin
+  // while it has room, marking them cached, and stops at the first block of another key: a
+  // refill's common case, a batch of one loop's frees, without a bin lookup per block. Returns
+  // how many moved; `bytes` gets the sum of their sizes.
+  template <typename KeyOf>
+  std::size_t fill_bin(StreamHandle stream, std::size_t size, Block* const* from, std::size_t n, KeyOf&& key_of,
+                       std::size_t* bytes) {
+    auto& bin = bins_[index(stream, size)];
+    *bytes = 0;
+    if (bin.count != 0 && (bin.stream != stream || bin.size != size)) return 0;
+    std::size_t moved = 0;
+    std::size_t count = bin.count;
+    std::size_t sum = 0;
+    for (; moved < n && count < kDepth; ++moved) {
+      Block* b = from[moved];
+      if (b->stream != stream || b->pool != PoolKind::kSmall || key_of(b) != size) break;
+      b->state = BlockState::kCached;
+      sum += b->size;
+      bin.blocks[count++] = b;
+    }
+    if (moved != 0) {
+      bin.stream = stream;
+      bin.size = size;
+      bin.count = count;
+    }
+    *bytes = sum;
+    return moved;
+  }
+
   // Whether the (small) bin of (stream, size) holds that key and has no room.
   bool full(StreamHandle stream, std::size_t size) const {
     const auto& bin = bins_[index(stream, size)];

@@ -178,7 +178,10 @@ CUDALLOC_HOT bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::siz
   if (!batch.passed && !batch_fences.passed(batch.ticket, backend)) return false;
   batch.passed = true;
   auto& blocks = batch.blocks;
-  std::size_t moved = 0;
+  std::size_t bytes = 0;
+  std::size_t moved = cache.fill_bin(stream, rounded, blocks.data(), blocks.size(),
+                                     [this](const Block* b) { return sizes.round(b->requested); }, &bytes);
+  cache.delta().inactive_small(static_cast<std::int64_t>(moved), static_cast<std::int64_t>(bytes));
   for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
     Block* b = blocks[moved];
     cache.delta().inactive(b);

@@ -323,6 +323,51 @@ TEST_CASE("a thread fences its cudaFree'd small blocks in batches and reuses the
   CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(ThreadCache::kDepth * 4096));
 }
 
+TEST_CASE("a batch of mixed sizes and streams refills each bin with its own blocks, statistics exact") {
+  // A refill moves the run of blocks of the missed key straight into its bin and stops at the
+  // first block of another key; the rest go to their own bins (or the pool) one by one.
+  Fixture f;
+  std::vector<DevicePtr> small, big, other;  // 1000 B and 3000 B on kStreamA, 1000 B on kStreamB
+  for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) {
+    if (i % 4 == 3) {
+      big.push_back(f.get(3000, kStreamA));
+    } else if (i % 8 == 1) {
+      other.push_back(f.get(1000, kStreamB));
+    } else {
+      small.push_back(f.get(1000, kStreamA));
+    }
+  }
+  // Freed in the order taken: runs of 1000 B on kStreamA broken by the other keys.
+  for (std::size_t i = 0, s = 0, b = 0, o = 0; i < ThreadCache::kBatchBlocks; ++i) {
+    const DevicePtr p = i % 4 == 3 ? big[b++] : i % 8 == 1 ? other[o++] : small[s++];
+    REQUIRE(f.alloc.free(p, FreeOrder::kDevice) == Status::kOk);
+  }
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  const auto segments = f.stat("num_device_alloc");
+  const auto hits = f.stat("num_cache_hits");
+  // Every block comes back to a request of its own key, none twice, from the memory held.
+  auto take = [&](std::size_t n, std::size_t bytes, StreamHandle stream) {
+    std::set<DevicePtr> got;
+    for (std::size_t i = 0; i < n; ++i) got.insert(f.get(bytes, stream));
+    CHECK(got.size() == n);
+    return got;
+  };
+  const auto small_again = take(small.size(), 1000, kStreamA);
+  const auto big_again = take(big.size(), 3000, kStreamA);
+  const auto other_again = take(other.size(), 1000, kStreamB);
+  CHECK(small_again == std::set<DevicePtr>(small.begin(), small.end()));
+  CHECK(big_again == std::set<DevicePtr>(big.begin(), big.end()));
+  CHECK(other_again == std::set<DevicePtr>(other.begin(), other.end()));
+  CHECK(f.stat("num_device_alloc") == segments);
+  CHECK(f.stat("num_cache_hits") > hits);
+  CHECK(f.stat("allocation.all.current") == static_cast<std::int64_t>(ThreadCache::kBatchBlocks));
+  CHECK(f.stat("active.all.current") == static_cast<std::int64_t>(ThreadCache::kBatchBlocks));
+  CHECK(f.stat("allocated_bytes.all.current") ==
+        static_cast<std::int64_t>((small.size() + other.size()) * 1024 + big.size() * 3072));
+  CHECK(f.stat("active_bytes.all.current") == f.stat("allocated_bytes.all.current"));
+  CHECK(f.stat("inactive_split.all.current") >= 0);
+}
+
 TEST_CASE("a loop of cudaMalloc+cudaFree pairs records one device fence per batch") {
   // One batch is outstanding at a time; its fence is recorded when it closes, and it refills
   // the bin kDepth blocks at a time. The blocks of the first batch serve every later pair.

@@ -259,6 +259,7 @@ void DeviceAllocator::forget_all() {
   m.live.clear();
   m.blocks.clear();
   m.expandable.clear();
+  m.budget->release(m.segments.bytes());  // the context took its memory with it
   m.segments.clear();
   m.reserved_now.store(0);
   m.allocated_now.store(0);
@@ -307,6 +308,13 @@ std::size_t DeviceAllocator::cached_bytes() const {
 std::size_t DeviceAllocator::memory_limit() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->limit();
+}
+
+void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
+  std::lock_guard lock(impl_->mutex);
+  if (budget == nullptr || budget == impl_->budget) return;
+  budget->add(impl_->budget->held());  // what it holds already moves with it
+  impl_->budget = std::move(budget);
 }
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "allocator/backend.h"
+#include "allocator/device_budget.h"
 #include "allocator/events.h"
 #include "allocator/memory_stats.h"
 #include "allocator/oom_report.h"
@@ -82,6 +83,9 @@ class DeviceAllocator {
 
   // Not owned; called under the device lock. Null to stop.
   void set_observer(AllocatorObserver* observer);
+  // Counts this allocator's memory against `budget`, shared with the other allocators of its
+  // device, instead of a budget of its own. Before the first allocation.
+  void share_budget(std::shared_ptr<DeviceBudget> budget);
 
   // In a fork child: the calling thread (the only one) drops its ties to every allocator's
   // thread caches without locking anything. The parent's allocators are abandoned there, and

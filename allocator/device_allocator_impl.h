@@ -59,6 +59,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::atomic<std::size_t> reserved_now{0};
   std::optional<OomReport> last_oom;
   std::size_t limit_override = 0;
+  // The device's memory against the limit: this allocator's alone unless shared (share_budget).
+  std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
 
   std::size_t limit() const {
     if (limit_override != 0) return limit_override;
@@ -164,7 +166,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   bool free_segment(Segment* s);
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
-  bool fits_under_limit(std::size_t bytes) const override;
+  bool claim(std::size_t bytes) override;
+  void unclaim(std::size_t bytes) override;
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_error(Status error) override;

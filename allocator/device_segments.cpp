@@ -9,9 +9,9 @@ namespace cudalloc {
 
 using Impl = DeviceAllocator::Impl;
 
-bool Impl::fits_under_limit(std::size_t bytes) const {
-  return bytes <= limit() && reserved() <= limit() - bytes;
-}
+bool Impl::claim(std::size_t bytes) { return budget->claim(bytes, limit()); }
+
+void Impl::unclaim(std::size_t bytes) { budget->release(bytes); }
 
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
@@ -26,6 +26,7 @@ void Impl::note_device_error(Status error) {
 }
 
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  budget->release(bytes);
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);
   ++stats.num_device_free;
   sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
@@ -34,9 +35,10 @@ void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, s
 
 Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
   const std::size_t size = SizeClasses::segment_size(rounded);
-  if (!fits_under_limit(size)) return nullptr;
+  if (!claim(size)) return nullptr;
   DevicePtr base = 0;
   if (const Status st = backend.allocate_segment(size, &base); st != Status::kOk) {
+    unclaim(size);
     note_device_error(st);
     return nullptr;
   }
@@ -66,6 +68,7 @@ bool Impl::free_segment(Segment* s) {
   if (backend.free_segment(base, size) == Status::kOk) return true;
   // The device still holds the memory: it comes back as an idle segment of the pool (observers
   // hear of it again), else it would be held and counted by nobody.
+  budget->add(size);
   Segment* again = add_segment(base, size, kind, stream);
   --stats.num_device_alloc;  // neither call reached the device
   --stats.num_device_free;

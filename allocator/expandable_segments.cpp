@@ -39,8 +39,9 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
         before != nullptr && before->mapped && before->state == BlockState::kFree ? before->size : 0;
     if (have + u->size < rounded) continue;
     const std::size_t need = std::min(u->size, (rounded - have + g - 1) / g * g);
-    if (!ledger_.fits_under_limit(need)) return nullptr;
+    if (!ledger_.claim(need)) return nullptr;
     if (const Status st = backend_.map(u->ptr, need); st != Status::kOk) {
+      ledger_.unclaim(need);
       ledger_.note_device_error(st);
       return nullptr;
     }

@@ -12,6 +12,7 @@ std::string OomReport::message() const {
                   " reserved by cudalloc; largest free block " + format_bytes(largest_free_block) + "; " +
                   format_bytes(free_fragmented) + " free but fragmented";
   if (pending_free != 0) m += "; " + format_bytes(pending_free) + " waiting for device work";
+  if (held_elsewhere != 0) m += "; " + format_bytes(held_elsewhere) + " held by other contexts on the device";
   m += ". If reserved memory is much larger than allocated, set max_split_size_mb or "
        "expandable_segments:true in CUDALLOC_CONF to reduce fragmentation.";
   return m;

@@ -26,13 +26,15 @@ std::vector<Segment*> idle_segments(const SegmentTable& segments, Pred&& pred) {
 
 }  // namespace
 
-// Whether `bytes` more can be reserved without passing the limit or the collection threshold.
+// Whether `bytes` more can be reserved without passing the limit or the collection threshold
+// (both the device's, whichever allocator of it holds the memory).
 bool Impl::room_for(std::size_t bytes) const {
   std::size_t cap = limit();
   if (options.garbage_collection_threshold > 0.0) {
     cap = static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(cap));
   }
-  return bytes <= cap && reserved() <= cap - bytes;
+  const std::size_t held = budget->held();
+  return bytes <= cap && held <= cap - bytes;
 }
 
 // Garbage collection: above the threshold, give back the longest-idle segments first.
@@ -40,10 +42,13 @@ void Impl::collect_garbage() {
   if (options.garbage_collection_threshold <= 0.0) return;
   const auto target =
       static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
-  if (reserved() <= target) return;
+  const std::size_t held = budget->held();
+  if (held <= target) return;
   // Small blocks parked in thread caches keep their segments busy: hand them back first.
   drain_all(true);
-  give_back_idle(target);
+  // Only this allocator's memory can go: what the device holds above the target comes off it.
+  const std::size_t mine = reserved();
+  give_back_idle(held - target >= mine ? 0 : mine - (held - target));
 }
 
 // Idle plain segments, longest idle first, then the free chunks of expandable segments, until
@@ -117,6 +122,8 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.device_total = backend.total_memory();
   r.allocated = allocated();
   r.reserved = reserved();
+  const std::size_t held = budget->held();
+  r.held_elsewhere = held > r.reserved ? held - r.reserved : 0;
   r.largest_free_block = blocks.largest();
   r.pending_free = fences.pending_bytes();
   r.free_fragmented = blocks.bytes();

@@ -39,6 +39,9 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     // Never freed: other threads may still hold it, and nothing is given back at exit.
     state = new ContextState(ctx, dev, options_, captures_);
     state->allocator.set_observer(allocator_observer());
+    std::shared_ptr<DeviceBudget>& budget = budgets_[dev];
+    if (budget == nullptr) budget = std::make_shared<DeviceBudget>();
+    state->allocator.share_budget(budget);
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <vector>
@@ -123,6 +125,9 @@ class ContextRegistry {
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
   std::mutex mutex_;  // writers
+  // Each device's memory against the limit, shared by the allocators of its contexts (under
+  // mutex_; never freed, as the states).
+  std::map<CUdevice, std::shared_ptr<DeviceBudget>> budgets_;
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const ContextList*> snapshot_{new ContextList};
 };

@@ -1,6 +1,6 @@
 // Context lifecycle with several contexts and devices, one scenario per process (argv[1]); run
 // with 2 fake devices. Each fails under cudalloc as it was before the fix named in it, and
-// passes without the preload.
+// passes without the preload (but limit_two_ctx, whose limit is cudalloc's own).
 //   destroy_primary   cuCtxDestroy of a primary context is refused: its blocks stay cudalloc's
 //   getinfo_two_ctx   cuMemGetInfo counts the idle cached bytes of every context on the device
 //   capture_reset     a device reset mid-capture ends the capture for cudalloc too
@@ -8,6 +8,8 @@
 //                     the new life never gets the old life's blocks
 //   stale_stream      cudaMallocAsync on a stream of a destroyed context is the driver's error,
 //                     not memory of the current context
+//   limit_two_ctx     (CUDALLOC_CONF=memory_limit_mb:64) the limit bounds the process: two
+//                     contexts on one device share it, and a destroyed context's memory frees it
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -71,6 +73,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "getinfo_two_ctx: free before %zu MiB; in the other ctx after its free %zu MiB; "
                  "in the primary ctx %zu MiB\n", f0 / MiB, fc / MiB, f1 / MiB);
     return f1 + 64 * MiB < f0 ? 1 : 0;
+  }
+
+  if (what == "limit_two_ctx") {
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto destroy = proc<CtxDestroyFn>(c, "cuCtxDestroy", 4000);
+    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
+    CUcontext other = nullptr;
+    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
+    CUdeviceptr a = 0, b = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 40 * MiB) == CUDA_SUCCESS);
+    CUcontext popped = nullptr;
+    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+    const CUresult over = c.api.cuMemAlloc_v2(&b, 40 * MiB);  // 80 MiB in all: past the limit
+    std::size_t free_bytes = 0, total_bytes = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS);
+    CHECK_OR_DIE(destroy(other) == CUDA_SUCCESS);  // its 40 MiB go with it
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 40 * MiB);
+    std::fprintf(stderr, "limit_two_ctx: second context's 40 MiB, then the primary's: %d (want %d); "
+                 "cuMemGetInfo there: free %zu of %zu MiB; after the other's end: %d\n",
+                 over, CUDA_ERROR_OUT_OF_MEMORY, free_bytes / MiB, total_bytes / MiB, after);
+    const bool ok = over == CUDA_ERROR_OUT_OF_MEMORY && total_bytes == 64 * MiB && free_bytes <= 24 * MiB &&
+                    after == CUDA_SUCCESS && usable(c, d, 40 * MiB);
+    return ok ? 0 : 1;
   }
 
   if (what == "capture_reset") {  // FAKE_CUDA_DEVICES=2

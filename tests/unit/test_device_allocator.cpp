@@ -681,6 +681,43 @@ TEST_CASE("find describes the block around an interior pointer") {
   CHECK_FALSE(f.alloc.owns(0x42));
 }
 
+TEST_CASE("allocators that share a device budget are bounded together by the limit") {
+  // Two contexts of one device: the limit is the process's, whichever allocator holds the
+  // memory, plain or expandable; a context's end gives its memory back to the budget.
+  AllocatorOptions o;
+  o.memory_limit_bytes = 64 * kMiB;
+  auto budget = std::make_shared<DeviceBudget>();
+  Fixture a(o);
+  AllocatorOptions ox = o;
+  ox.expandable_segments = true;
+  Fixture b(ox);
+  a.alloc.share_budget(budget);
+  b.alloc.share_budget(budget);
+  const DevicePtr pa = a.get(40 * kMiB);
+  DevicePtr pb = 0;
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOutOfMemory);
+  CHECK(b.sim.segment_calls() + b.sim.map_calls() == 0);  // refused before the device was asked
+  const auto report = b.alloc.last_oom();
+  REQUIRE(report.has_value());
+  CHECK(report->held_elsewhere == 40 * kMiB);
+  CHECK(report->message().find("40.00 MiB held by other contexts on the device") != std::string::npos);
+  CHECK(budget->held() == 40 * kMiB);
+  // What is left of the limit still serves.
+  const DevicePtr small = b.get(20 * kMiB);
+  CHECK(budget->held() == 40 * kMiB + b.alloc.stats().reserved_bytes[kStatAll].current);
+  // Freed and given back by one, the memory serves the other.
+  REQUIRE(a.alloc.free(pa, FreeOrder::kCompleted) == Status::kOk);
+  CHECK(a.alloc.release_cached() == 40 * kMiB);
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOk);
+  // A context's end takes its memory with it.
+  REQUIRE(b.alloc.free(small, FreeOrder::kCompleted) == Status::kOk);
+  REQUIRE(b.alloc.free(pb, FreeOrder::kCompleted) == Status::kOk);
+  b.alloc.forget_all();
+  CHECK(budget->held() == 0);
+  a.get(60 * kMiB);
+  CHECK(budget->held() == static_cast<std::size_t>(a.alloc.stats().reserved_bytes[kStatAll].current));
+}
+
 TEST_CASE("release_cached returns every idle segment and waits for pending frees") {
   Fixture f;
   DevicePtr live = f.get(12 * kMiB);

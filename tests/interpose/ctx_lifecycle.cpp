@@ -33,6 +33,11 @@ using CtxDestroyFn = CUresult (*)(CUcontext);
 using CtxPopFn = CUresult (*)(CUcontext*);
 constexpr std::size_t MiB = 1 << 20;
 
+// A short busy wait the compiler keeps (a window for the other thread's calls).
+static void spin(int n) {
+  for (int k = 0; k < n; ++k) asm volatile("" ::: "memory");
+}
+
 static bool usable(Client& c, CUdeviceptr p, std::size_t n) {
   std::vector<unsigned char> h(n, 0x5A);
   return c.api.cuMemcpyHtoD_v2(p, h.data(), n) == CUDA_SUCCESS;
@@ -134,9 +139,9 @@ int main(int argc, char** argv) {
         CUcontext x = nullptr;
         if (c.api.cuDevicePrimaryCtxRetain(&x, 1) != CUDA_SUCCESS) continue;
         ++holds;
-        for (volatile int k = 0; k < 2000; ++k) {}
+        spin(2000);
         c.api.cuDevicePrimaryCtxRelease_v2(1);
-        for (volatile int k = 0; k < 200; ++k) {}
+        spin(200);
       }
     });
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);

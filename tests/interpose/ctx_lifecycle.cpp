@@ -10,6 +10,8 @@
 //                     not memory of the current context
 //   limit_two_ctx     (CUDALLOC_CONF=memory_limit_mb:64) the limit bounds the process: two
 //                     contexts on one device share it, and a destroyed context's memory frees it
+//   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
+//                     memory idle in its cache gets that memory
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -102,6 +104,22 @@ int main(int argc, char** argv) {
     const bool ok = over == CUDA_ERROR_OUT_OF_MEMORY && total_bytes == 64 * MiB && free_bytes <= 24 * MiB &&
                     after == CUDA_SUCCESS && usable(c, d, 40 * MiB);
     return ok ? 0 : 1;
+  }
+
+  if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
+    CUcontext other = nullptr;
+    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
+    CUdeviceptr a = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 1500 * MiB) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);  // idle in the other context's cache
+    CUcontext popped = nullptr;
+    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+    CUdeviceptr b = 0;
+    const CUresult r = c.api.cuMemAlloc_v2(&b, 1500 * MiB);
+    std::fprintf(stderr, "reclaim_two_ctx: 1500 MiB in the primary context after the other's free: %d\n", r);
+    return r == CUDA_SUCCESS && usable(c, b, 1500 * MiB) ? 0 : 1;
   }
 
   if (what == "capture_reset") {  // FAKE_CUDA_DEVICES=2

@@ -221,6 +221,9 @@ int detached(client::Client& c) {
   const bool before = reuses(c);
   CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);  // gs is left: the driver keeps it, detached
   const bool after = reuses(c);
+  // The premise: gs is a handle the driver knows and that refuses every call, even its destroy
+  // (CUDA 13), not an unknown one.
+  CHECK_OR_DIE(c.api.cuStreamDestroy_v2(gs) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
   std::fprintf(stderr, "green_ctx_more detached: reused before the green context's end %d, after %d\n", before, after);
   CHECK_OR_DIE(before);
   return after ? 0 : 1;

@@ -18,7 +18,7 @@ CUDALLOC_HOT ContextState* ContextRegistry::current(StreamInfo** stream) {
   return get(ctx, stream);
 }
 
-StreamInfo* ContextRegistry::legacy_of_slow(StreamInfo* stream) {
+StreamInfo* ContextRegistry::default_of_slow(StreamInfo* stream) {
   CUcontext ctx = nullptr;
   if (driver().cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr) find(ctx, &stream);
   return stream;
@@ -45,7 +45,7 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;
-    snapshot_.store(next, std::memory_order_release);
+    publish_locked(next);
     log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
   }
   // Work of two contexts is not ordered on one legacy stream (and with peer access a block
@@ -66,6 +66,42 @@ bool ContextRegistry::is_live(const ContextState* s) const {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+CUDALLOC_NOINLINE ContextState* ContextRegistry::in_green(const ContextList::Alias& a, StreamInfo** stream) {
+  if (stream != nullptr && *stream != nullptr) {
+    StreamInfo* s = *stream;
+    // The thread's plain per-thread key has no context; a green one's names it.
+    if (s->kind == StreamInfo::Kind::kLegacy) *stream = a.legacy;
+    if (s->kind == StreamInfo::Kind::kPerThread && s->ctx == nullptr) *stream = per_thread_in(a.green);
+  }
+  return a.state;
+}
+
+StreamInfo* ContextRegistry::per_thread_in(CUcontext green) {
+  if (StreamInfo* s = green_per_thread(green)) return s;
+  // The thread's first use of it. Never freed, as every StreamInfo: keys stay unique.
+  auto* s = new StreamInfo{StreamInfo::Kind::kPerThread, CU_STREAM_PER_THREAD, green, false, {true}};
+  {
+    std::lock_guard lock(mutex_);
+    const auto& aliases = snapshot_.load(std::memory_order_acquire)->aliases;
+    if (std::any_of(aliases.begin(), aliases.end(), [green](const auto& a) { return a.green == green; })) {
+      green_per_thread_.push_back(s);
+    } else {
+      // The green context ended meanwhile: nothing may record on its streams.
+      s->alive.store(false, std::memory_order_release);
+    }
+  }
+  keep_green_per_thread(s);
+  return s;
+}
+
+void ContextRegistry::forget_per_thread_locked(CUcontext green) {
+  std::erase_if(green_per_thread_, [green](StreamInfo* s) {
+    if (s->ctx != green) return false;
+    s->alive.store(false, std::memory_order_release);
+    return true;
+  });
+}
+
 void ContextRegistry::alias(CUcontext green, ContextState* primary) {
   {
     std::lock_guard lock(mutex_);
@@ -73,11 +109,12 @@ void ContextRegistry::alias(CUcontext green, ContextState* primary) {
     for (const ContextList::Alias& a : next->aliases) {
       if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
     }
+    forget_per_thread_locked(green);
     std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
     // Never freed, as every StreamInfo: keys stay unique.
     auto* legacy = new StreamInfo{StreamInfo::Kind::kCreated, CU_STREAM_LEGACY, green, false, {true}};
     next->aliases.push_back(ContextList::Alias{green, primary, legacy});
-    snapshot_.store(next, std::memory_order_release);
+    publish_locked(next);
   }
   // Its work is not ordered with the primary context's legacy stream.
   single_stream_.leave(*this, "a green context");
@@ -89,8 +126,9 @@ void ContextRegistry::unalias(CUcontext green) {
   for (const ContextList::Alias& a : next->aliases) {
     if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
   }
+  forget_per_thread_locked(green);
   std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
-  snapshot_.store(next, std::memory_order_release);
+  publish_locked(next);
 }
 
 std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
@@ -106,10 +144,12 @@ std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     std::erase(next->states, state);
     for (const ContextList::Alias& a : next->aliases) {
-      if (a.state == state) a.legacy->alive.store(false, std::memory_order_release);
+      if (a.state != state) continue;
+      a.legacy->alive.store(false, std::memory_order_release);
+      forget_per_thread_locked(a.green);
     }
     std::erase_if(next->aliases, [state](const auto& a) { return a.state == state; });
-    snapshot_.store(next, std::memory_order_release);
+    publish_locked(next);
   }
   state->backend.mark_dead();
   state->allocator.forget_all();

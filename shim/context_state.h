@@ -57,6 +57,8 @@ struct alignas(64) ContextList {
   // A green context, the primary's state it names, and its own legacy stream: a stream key
   // apart from the primary's legacy stream (the two are not ordered with each other), a
   // stream of the green context for the backend (its fences record there, in that context).
+  // Its per-thread default streams are keys of their own too, one per thread, made at a
+  // thread's first use (ContextRegistry::per_thread_in).
   struct Alias {
     CUcontext green;
     ContextState* state;
@@ -77,33 +79,32 @@ class ContextRegistry {
 
   // The state of the calling thread's current context; null when there is none.
   // `stream` (optional): the stream a memory call names, resolved from the calling thread;
-  // when the current context is a green one and that is the legacy stream, it becomes the
-  // green context's own legacy stream.
+  // when the current context is a green one and that is a default stream (legacy or
+  // per-thread), it becomes the green context's own.
   ContextState* current(StreamInfo** stream = nullptr);
   // The state of `ctx`, made if needed (the context need not be current).
   ContextState* get(CUcontext ctx, StreamInfo** stream = nullptr) {
     if (ContextState* s = find(ctx, stream)) return s;
     return ctx == nullptr ? nullptr : make(ctx);
   }
-  ContextState* find(CUcontext ctx, StreamInfo** stream = nullptr) const {
+  ContextState* find(CUcontext ctx, StreamInfo** stream = nullptr) {
     const ContextList& list = *snapshot_.load(std::memory_order_acquire);
     for (ContextState* s : list.states) {
       if (s->ctx == ctx) return s;
     }
     for (const ContextList::Alias& a : list.aliases) {
-      if (a.green != ctx) continue;
-      if (stream != nullptr && *stream != nullptr && (*stream)->kind == StreamInfo::Kind::kLegacy) *stream = a.legacy;
-      return a.state;
+      if (a.green == ctx) return in_green(a, stream);
     }
     return nullptr;
   }
-  // Whether some green context names a state (then the legacy stream a call names depends on
-  // the thread's current context: legacy_of).
-  bool any_alias() const { return !snapshot_.load(std::memory_order_acquire)->aliases.empty(); }
-  // `stream` as the calling thread's current context sees it (see current()).
-  StreamInfo* legacy_of(StreamInfo* stream) {
-    if (stream == nullptr || stream->kind != StreamInfo::Kind::kLegacy || !any_alias()) [[likely]] return stream;
-    return legacy_of_slow(stream);
+  // Whether some green context names a state (then the default stream a call names depends on
+  // the thread's current context: default_of).
+  bool any_alias() const { return any_alias_.load(std::memory_order_acquire); }
+  // `stream` as the calling thread's current context sees it (see current()). The flag first:
+  // with no green context, one test in all.
+  StreamInfo* default_of(StreamInfo* stream) {
+    if (stream == nullptr || !any_alias() || stream->kind == StreamInfo::Kind::kCreated) [[likely]] return stream;
+    return default_of_slow(stream);
   }
   // A green context (cuCtxFromGreenCtx) names `primary`'s state from now on; unalias: it is gone.
   void alias(CUcontext green, ContextState* primary);
@@ -119,17 +120,35 @@ class ContextRegistry {
 
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
-  StreamInfo* legacy_of_slow(StreamInfo* stream);
+  StreamInfo* default_of_slow(StreamInfo* stream);
+  // find() of green context `a`: its state, and in `stream` (optional), the stream a call names
+  // as that context has it: a default stream becomes the green context's own. Out of line,
+  // and called last, so that find() needs no more registers for a context that is not green.
+  __attribute__((returns_nonnull)) ContextState* in_green(const ContextList::Alias& a, StreamInfo** stream);
+  // The calling thread's per-thread default stream key of green context `green`.
+  StreamInfo* per_thread_in(CUcontext green);
+  // Marks `green`'s per-thread stream keys dead: no fence records on them any more. Under mutex_.
+  void forget_per_thread_locked(CUcontext green);
+  // Makes `next` the snapshot. Under mutex_.
+  void publish_locked(const ContextList* next) {
+    any_alias_.store(!next->aliases.empty(), std::memory_order_release);
+    snapshot_.store(next, std::memory_order_release);
+  }
 
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
-  std::mutex mutex_;  // writers
-  // Each device's memory against the limit, shared by the allocators of its contexts (under
-  // mutex_; never freed, as the states).
+  std::mutex mutex_;  // writers, and green_per_thread_ and budgets_
+  // Every thread's live per-thread stream keys of green contexts, for their context's end.
+  std::vector<StreamInfo*> green_per_thread_;
+  // Each device's memory against the limit, shared by the allocators of its contexts (never
+  // freed, as the states).
   std::map<CUdevice, std::shared_ptr<DeviceBudget>> budgets_;
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const ContextList*> snapshot_{new ContextList};
+  // Whether the snapshot has aliases: what a free on a default stream asks (default_of), in one
+  // load from the registry rather than two through the snapshot.
+  std::atomic<bool> any_alias_{false};
 };
 
 }  // namespace cudalloc::shim

@@ -134,7 +134,7 @@ CUDALLOC_NOINLINE CUresult mem_alloc_async_general(CUdeviceptr* dptr, std::size_
   if (dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
-  // Under a green context the legacy stream is its own (ContextRegistry::current).
+  // Under a green context the default streams are its own (ContextRegistry::current).
   ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : ps->contexts.current(&si);
   if (s == nullptr) return real(dptr, bytes, stream);
   stream_used(*ps, *s, si, learnt);
@@ -156,7 +156,7 @@ CUDALLOC_NOINLINE CUresult mem_free_async_general(CUdeviceptr ptr, CUstream stre
   }
   if (ptr == 0) return real(ptr, stream);
   bool learnt = false;
-  StreamInfo* si = ps->contexts.legacy_of(ps->streams.resolve(stream, ptsz, &learnt));
+  StreamInfo* si = ps->contexts.default_of(ps->streams.resolve(stream, ptsz, &learnt));
   CUresult r = CUDA_SUCCESS;
   if (!tried && !learnt && !ps->single_stream.active() && free_live(*ps, ptr, true, si, &r)) return r;
   ContextState* owner = ps->contexts.owner(ptr);
@@ -217,7 +217,7 @@ CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUst
 CUDALLOC_HOT CUresult mem_free_async(CUdeviceptr ptr, CUstream stream, bool ptsz) {
   ProcessState* ps = hot_state();
   if (ps != nullptr && ptr != 0 && !ps->single_stream.active()) [[likely]] {
-    if (StreamInfo* si = ps->contexts.legacy_of(ps->streams.known(stream, ptsz))) [[likely]] {
+    if (StreamInfo* si = ps->contexts.default_of(ps->streams.known(stream, ptsz))) [[likely]] {
       CUresult r = CUDA_SUCCESS;
       if (free_live(*ps, ptr, true, si, &r)) [[likely]] return r;
       if (!ps->captures.any()) return mem_free_async_general(ptr, stream, ptsz, true);

@@ -175,6 +175,9 @@ struct Stream : std::enable_shared_from_this<Stream> {
     int priority = 0;
     bool legacy = false;
     bool per_thread = false;
+    // A stream of a green context that was destroyed while the stream lived: the handle stays
+    // known, every call on it fails, and work queued before still runs (cuGreenCtxDestroy).
+    bool detached = false;
     uint64_t id = 0;
     std::shared_ptr<Capture> capture;  // guarded by g_mu
 
@@ -561,7 +564,9 @@ CUresult resolve_stream_locked(CUstream h, bool ptds, std::shared_ptr<Stream>* o
         return CUDA_SUCCESS;
     }
     auto it = drv().streams.find(reinterpret_cast<Stream*>(h));
-    if (it == drv().streams.end() || !it->second->ctx->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (it == drv().streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (it->second->detached) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (!it->second->ctx->alive) return CUDA_ERROR_INVALID_HANDLE;
     *out = it->second;
     return CUDA_SUCCESS;
 }
@@ -1537,12 +1542,55 @@ FK_API CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx h) {
     return CUDA_SUCCESS;
 }
 
+// As CUDA 13's cuda.h says: the green context's streams that the program created are not
+// destroyed; every later call on them, cuStreamDestroy included, fails with
+// CUDA_ERROR_CONTEXT_IS_DESTROYED (CUDA 12: CUDA_ERROR_STREAM_DETACHED, destroy allowed), and
+// their captures are invalidated. Their queued work is not waited for: it still runs, and no
+// context's synchronization waits for it any more. Its own default streams (legacy,
+// per-thread) go with it, once their work is done. Its allocations are the primary context's:
+// none go.
 FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
     FK_ENTER();
     Ctx* c = reinterpret_cast<Ctx*>(h);
     std::unique_lock<std::mutex> lk(g_mu);
     if (!drv().greens.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
-    ctx_teardown_locked(c, lk);  // its allocations are the primary context's: none go
+    std::vector<Dep> fence;
+    if (c->legacy && c->legacy->submitted) fence.push_back({c->legacy, c->legacy->submitted});
+    for (Stream* s : c->streams) {
+        if (s->per_thread && s->submitted) fence.push_back({s->shared_from_this(), s->submitted});
+    }
+    lk.unlock();
+    wait_all(fence);
+    lk.lock();
+    Driver& D = drv();
+    if (!D.greens.count(c)) return CUDA_ERROR_INVALID_CONTEXT;  // destroyed meanwhile
+    for (Stream* s : c->streams) {
+        auto it = D.streams.find(s);
+        if (it == D.streams.end()) continue;
+        if (s->per_thread) {
+            it->second->retire();
+            D.streams.erase(it);
+            continue;
+        }
+        s->detached = true;
+        if (!s->capture) continue;
+        s->capture->invalidated = true;
+        // Begun on this stream, the capture can never be ended now: it is over.
+        if (std::shared_ptr<Capture> cap = s->capture; cap->origin == s) {
+            for (auto& [p, st] : D.streams)
+                if (st->capture == cap) st->capture.reset();
+            D.captures.erase(cap);
+            D.graphs.erase(cap->graph);
+            delete cap->graph;
+        }
+    }
+    c->streams.clear();
+    c->retired.clear();  // destroyed streams: their workers drain what is queued
+    if (c->legacy) {
+        D.streams.erase(c->legacy.get());
+        c->legacy->retire();
+        c->legacy.reset();
+    }
     c->alive = false;
     drv().greens.erase(c);
     auto& st = t_ctx_stack;
@@ -1570,6 +1618,7 @@ FK_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream h) {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = drv().streams.find(reinterpret_cast<Stream*>(h));
     if (!h || it == drv().streams.end() || it->second->legacy || it->second->per_thread) return CUDA_ERROR_INVALID_HANDLE;
+    if (it->second->detached) return CUDA_ERROR_CONTEXT_IS_DESTROYED;  // cuGreenCtxDestroy
     auto s = it->second;
     s->ctx->streams.erase(s.get());
     if (s->completed.load() < s->submitted) s->ctx->retired.push_back(s);

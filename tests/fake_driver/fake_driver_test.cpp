@@ -861,3 +861,47 @@ TEST_CASE("IPC handles across processes", "[ipc]") {
     REQUIRE(cuMemFree_v2(p) == CUDA_SUCCESS);
     REQUIRE(cuMemFree_v2(keep) == CUDA_SUCCESS);
 }
+
+TEST_CASE("a green context's end leaves its streams detached, their queued work still running", "[green]") {
+    FN(cuGreenCtxCreate);
+    FN(cuGreenCtxDestroy);
+    FN(cuGreenCtxStreamCreate);
+    FN(cuStreamQuery);
+    FN(cuStreamDestroy_v2);
+    FN(cuEventCreate);
+    FN(cuEventRecord);
+    FN(cuEventSynchronize);
+    FN(cuEventDestroy_v2);
+    FN(cuMemAlloc_v2);
+    FN(cuMemFree_v2);
+    use_primary();
+    CUgreenCtx green = nullptr;
+    REQUIRE(cuGreenCtxCreate(&green, CUdevResourceDesc{}, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS);
+    CUstream gs = nullptr;
+    REQUIRE(cuGreenCtxStreamCreate(&gs, green, CU_STREAM_NON_BLOCKING, 0) == CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+    std::memset(reinterpret_cast<void*>(p), 0, 4096);  // device memory is the host's here
+    CUevent e = nullptr;
+    REQUIRE(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    {
+        Gate g;
+        g.block(gs);
+        REQUIRE(ctl().launch_write(gs, p, 4096, 0xAA, 0) == CUDA_SUCCESS);
+        REQUIRE(cuEventRecord(e, gs) == CUDA_SUCCESS);
+        // Returns with the stream's work still queued: the end does not wait for it.
+        REQUIRE(cuGreenCtxDestroy(green) == CUDA_SUCCESS);
+        CHECK(byte_at(p) == 0);
+        // The handle is known, but every call on it fails (CUDA 13's cuda.h).
+        CHECK(cuStreamQuery(gs) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CHECK(cuEventRecord(e, gs) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CHECK(ctl().launch_sleep(gs, 0) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CHECK(cuStreamDestroy_v2(gs) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        g.release();
+        // The work queued before the end still runs.
+        REQUIRE(cuEventSynchronize(e) == CUDA_SUCCESS);
+        CHECK(byte_at(p) == 0xAA);
+    }
+    REQUIRE(cuEventDestroy_v2(e) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree_v2(p) == CUDA_SUCCESS);
+}

@@ -1,7 +1,8 @@
 // Green contexts share their device's primary context memory: a block allocated under either
 // may be used by kernels of the other. A freed block must not be handed out again while a
 // kernel of the other context still writes it (natively cudaFree waits for the device).
-// Prints, for each direction, whether the next owner's bytes were overwritten, and whether a
+// The same holds in stream order on the per-thread default stream, which each context has of its
+// own. Prints, for each case, whether the next owner's bytes were overwritten, and whether a
 // block allocated under a green context outlives it; scripts/gpu-test compares the output with
 // and without cudalloc.
 #include <cuda.h>
@@ -54,6 +55,35 @@ static size_t reuse_across(CUcontext owner, CUcontext user, CUstream stream) {
   return wrong;
 }
 
+// The same in stream order on the per-thread default stream, which each context has of its own:
+// a block freed on `from`'s while a kernel there still writes it, then allocated on `to`'s.
+static size_t per_thread_across(CUcontext from, CUcontext to) {
+  CHECK_CU(cuCtxSetCurrent(from));
+  void* a = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&a, kBytes, cudaStreamPerThread));
+  CHECK_CUDA(cudaMemsetAsync(a, 0, kBytes, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  late_fill<<<64, 256, 0, cudaStreamPerThread>>>(static_cast<unsigned char*>(a), kBytes, 0xAA, 300'000'000ull);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFreeAsync(a, cudaStreamPerThread));
+  CHECK_CU(cuCtxSetCurrent(to));
+  void* b = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&b, kBytes, cudaStreamPerThread));
+  std::fprintf(stderr, "per-thread reused: %d\n", a == b);
+  CHECK_CUDA(cudaMemsetAsync(b, 0x55, kBytes, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  CHECK_CU(cuCtxSetCurrent(from));
+  CHECK_CU(cuCtxSynchronize());
+  CHECK_CU(cuCtxSetCurrent(to));
+  std::vector<unsigned char> host(kBytes);
+  CHECK_CUDA(cudaMemcpy(host.data(), b, kBytes, cudaMemcpyDeviceToHost));
+  size_t wrong = 0;
+  for (unsigned char x : host) wrong += x != 0x55;
+  CHECK_CUDA(cudaFreeAsync(b, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  return wrong;
+}
+
 int main() {
   CHECK_CU(cuInit(0));
   CHECK_CUDA(cudaFree(nullptr));  // the runtime's primary context, current
@@ -95,6 +125,20 @@ int main() {
     std::printf("%s: %s\n", c.name, wrong == 0 ? "intact" : "overwritten");
     if (wrong != 0) std::fprintf(stderr, "%s: %zu of %zu bytes overwritten\n", c.name, wrong, kBytes);
   }
+  struct PerThreadCase {
+    const char* name;
+    CUcontext from, to;
+  };
+  const PerThreadCase per_thread_cases[] = {
+      {"per-thread stream: freed under the green context, allocated under the primary", gctx, primary},
+      {"per-thread stream: freed under the primary, allocated under the green context", primary, gctx},
+  };
+  for (const PerThreadCase& c : per_thread_cases) {
+    const size_t wrong = per_thread_across(c.from, c.to);
+    std::printf("%s: %s\n", c.name, wrong == 0 ? "intact" : "overwritten");
+    if (wrong != 0) std::fprintf(stderr, "%s: %zu of %zu bytes overwritten\n", c.name, wrong, kBytes);
+  }
+  CHECK_CU(cuCtxSetCurrent(primary));
   CHECK_CU(cuStreamDestroy(green_stream));
   CHECK_CU(cuStreamDestroy(green_stream_in));
   CHECK_CU(cuStreamDestroy(primary_stream));

@@ -69,37 +69,12 @@ bool ContextRegistry::is_live(const ContextState* s) const {
 CUDALLOC_NOINLINE ContextState* ContextRegistry::in_green(const ContextList::Alias& a, StreamInfo** stream) {
   if (stream != nullptr && *stream != nullptr) {
     StreamInfo* s = *stream;
-    // The thread's plain per-thread key has no context; a green one's names it.
     if (s->kind == StreamInfo::Kind::kLegacy) *stream = a.legacy;
-    if (s->kind == StreamInfo::Kind::kPerThread && s->ctx == nullptr) *stream = per_thread_in(a.green);
+    // A green context has no per-thread default stream: the driver refuses every call that
+    // names it (CUDA_ERROR_INVALID_HANDLE on an H100, driver 580.159.04).
+    if (s->kind == StreamInfo::Kind::kPerThread) *stream = nullptr;
   }
   return a.state;
-}
-
-StreamInfo* ContextRegistry::per_thread_in(CUcontext green) {
-  if (StreamInfo* s = green_per_thread(green)) return s;
-  // The thread's first use of it. Never freed, as every StreamInfo: keys stay unique.
-  auto* s = new StreamInfo{StreamInfo::Kind::kPerThread, CU_STREAM_PER_THREAD, green, false, {true}};
-  {
-    std::lock_guard lock(mutex_);
-    const auto& aliases = snapshot_.load(std::memory_order_acquire)->aliases;
-    if (std::any_of(aliases.begin(), aliases.end(), [green](const auto& a) { return a.green == green; })) {
-      green_per_thread_.push_back(s);
-    } else {
-      // The green context ended meanwhile: nothing may record on its streams.
-      s->alive.store(false, std::memory_order_release);
-    }
-  }
-  keep_green_per_thread(s);
-  return s;
-}
-
-void ContextRegistry::forget_per_thread_locked(CUcontext green) {
-  std::erase_if(green_per_thread_, [green](StreamInfo* s) {
-    if (s->ctx != green) return false;
-    s->alive.store(false, std::memory_order_release);
-    return true;
-  });
 }
 
 void ContextRegistry::alias(CUcontext green, ContextState* primary) {
@@ -109,7 +84,6 @@ void ContextRegistry::alias(CUcontext green, ContextState* primary) {
     for (const ContextList::Alias& a : next->aliases) {
       if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
     }
-    forget_per_thread_locked(green);
     std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
     // Never freed, as every StreamInfo: keys stay unique.
     auto* legacy = new StreamInfo{StreamInfo::Kind::kCreated, CU_STREAM_LEGACY, green, false, {true}};
@@ -126,7 +100,6 @@ void ContextRegistry::unalias(CUcontext green) {
   for (const ContextList::Alias& a : next->aliases) {
     if (a.green == green) a.legacy->alive.store(false, std::memory_order_release);
   }
-  forget_per_thread_locked(green);
   std::erase_if(next->aliases, [green](const auto& a) { return a.green == green; });
   publish_locked(next);
 }
@@ -144,9 +117,7 @@ std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     std::erase(next->states, state);
     for (const ContextList::Alias& a : next->aliases) {
-      if (a.state != state) continue;
-      a.legacy->alive.store(false, std::memory_order_release);
-      forget_per_thread_locked(a.green);
+      if (a.state == state) a.legacy->alive.store(false, std::memory_order_release);
     }
     std::erase_if(next->aliases, [state](const auto& a) { return a.state == state; });
     publish_locked(next);

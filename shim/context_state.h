@@ -57,8 +57,7 @@ struct alignas(64) ContextList {
   // A green context, the primary's state it names, and its own legacy stream: a stream key
   // apart from the primary's legacy stream (the two are not ordered with each other), a
   // stream of the green context for the backend (its fences record there, in that context).
-  // Its per-thread default streams are keys of their own too, one per thread, made at a
-  // thread's first use (ContextRegistry::per_thread_in).
+  // It has no per-thread default stream (ContextRegistry::find).
   struct Alias {
     CUcontext green;
     ContextState* state;
@@ -79,8 +78,8 @@ class ContextRegistry {
 
   // The state of the calling thread's current context; null when there is none.
   // `stream` (optional): the stream a memory call names, resolved from the calling thread;
-  // when the current context is a green one and that is a default stream (legacy or
-  // per-thread), it becomes the green context's own.
+  // when the current context is a green one and that is the legacy stream, it becomes the green
+  // context's own; the per-thread stream, which a green context does not have, becomes null.
   ContextState* current(StreamInfo** stream = nullptr);
   // The state of `ctx`, made if needed (the context need not be current).
   ContextState* get(CUcontext ctx, StreamInfo** stream = nullptr) {
@@ -100,8 +99,8 @@ class ContextRegistry {
   // Whether some green context names a state (then the default stream a call names depends on
   // the thread's current context: default_of).
   bool any_alias() const { return any_alias_.load(std::memory_order_acquire); }
-  // `stream` as the calling thread's current context sees it (see current()). The flag first:
-  // with no green context, one test in all.
+  // `stream` as the calling thread's current context sees it (see current()): null for the
+  // per-thread stream under a green context. The flag first: with no green context, one test.
   StreamInfo* default_of(StreamInfo* stream) {
     if (stream == nullptr || !any_alias() || stream->kind == StreamInfo::Kind::kCreated) [[likely]] return stream;
     return default_of_slow(stream);
@@ -122,13 +121,9 @@ class ContextRegistry {
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
   StreamInfo* default_of_slow(StreamInfo* stream);
   // find() of green context `a`: its state, and in `stream` (optional), the stream a call names
-  // as that context has it: a default stream becomes the green context's own. Out of line,
-  // and called last, so that find() needs no more registers for a context that is not green.
+  // as that context has it (see current()). Out of line, and called last, so that find() needs
+  // no more registers for a context that is not green.
   __attribute__((returns_nonnull)) ContextState* in_green(const ContextList::Alias& a, StreamInfo** stream);
-  // The calling thread's per-thread default stream key of green context `green`.
-  StreamInfo* per_thread_in(CUcontext green);
-  // Marks `green`'s per-thread stream keys dead: no fence records on them any more. Under mutex_.
-  void forget_per_thread_locked(CUcontext green);
   // Makes `next` the snapshot. Under mutex_.
   void publish_locked(const ContextList* next) {
     any_alias_.store(!next->aliases.empty(), std::memory_order_release);
@@ -138,9 +133,7 @@ class ContextRegistry {
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
-  std::mutex mutex_;  // writers, and green_per_thread_ and budgets_
-  // Every thread's live per-thread stream keys of green contexts, for their context's end.
-  std::vector<StreamInfo*> green_per_thread_;
+  std::mutex mutex_;  // writers, and budgets_
   // Each device's memory against the limit, shared by the allocators of its contexts (never
   // freed, as the states).
   std::map<CUdevice, std::shared_ptr<DeviceBudget>> budgets_;

@@ -453,10 +453,7 @@ std::unique_ptr<Fence> DriverBackend::record_fence(StreamHandle stream) {
   // Another thread's per-thread stream or a destroyed stream: the device fence covers it
   // (destroyed non-blocking streams through their tails).
   if (!driver_handle(info, &handle)) return device_fence_now();
-  // A stream of another context, a green context's default streams included (their keys name
-  // it): recorded there, with that context current.
-  const bool foreign = info->kind == StreamInfo::Kind::kCreated ? info->ctx != ctx_ : info->ctx != nullptr;
-  if (foreign) return foreign_fence(info->ctx, handle);
+  if (info->kind == StreamInfo::Kind::kCreated && info->ctx != ctx_) return foreign_fence(info->ctx, handle);
   profile::Scope timed(profile::Site::kFenceRecord);
   CurrentContext current(ctx_);
   CUevent e = take_event();

@@ -134,9 +134,10 @@ CUDALLOC_NOINLINE CUresult mem_alloc_async_general(CUdeviceptr* dptr, std::size_
   if (dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
   bool learnt = false;
   StreamInfo* si = ps->streams.resolve(stream, ptsz, &learnt);
-  // Under a green context the default streams are its own (ContextRegistry::current).
+  // Under a green context the legacy stream is its own, and the per-thread one does not exist
+  // (null: the driver's own error, which allocates nothing) (ContextRegistry::current).
   ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.get(si->ctx) : ps->contexts.current(&si);
-  if (s == nullptr) return real(dptr, bytes, stream);
+  if (s == nullptr || si == nullptr) return real(dptr, bytes, stream);
   stream_used(*ps, *s, si, learnt);
   // On a capturing stream the driver makes a graph memory node; that pointer is not ours.
   if (ps->captures.any() && ps->captures.capturing(si)) return real(dptr, bytes, stream);
@@ -157,6 +158,9 @@ CUDALLOC_NOINLINE CUresult mem_free_async_general(CUdeviceptr ptr, CUstream stre
   if (ptr == 0) return real(ptr, stream);
   bool learnt = false;
   StreamInfo* si = ps->contexts.default_of(ps->streams.resolve(stream, ptsz, &learnt));
+  // The per-thread stream under a green context: the driver refuses the call, and so, without
+  // freeing anything, does cudalloc.
+  if (si == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   CUresult r = CUDA_SUCCESS;
   if (!tried && !learnt && !ps->single_stream.active() && free_live(*ps, ptr, true, si, &r)) return r;
   ContextState* owner = ps->contexts.owner(ptr);
@@ -208,7 +212,7 @@ CUDALLOC_HOT CUresult mem_alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUst
     StreamInfo* si = ps->streams.known(stream, ptsz);
     if (si != nullptr && !si->helper.load(std::memory_order_relaxed)) [[likely]] {
       ContextState* s = si->kind == StreamInfo::Kind::kCreated ? ps->contexts.find(si->ctx) : ps->contexts.current(&si);
-      if (s != nullptr) [[likely]] return allocate(*s, dptr, bytes, key_of(si), true);
+      if (s != nullptr && si != nullptr) [[likely]] return allocate(*s, dptr, bytes, key_of(si), true);
     }
   }
   return mem_alloc_async_general(dptr, bytes, stream, ptsz);

@@ -11,30 +11,12 @@ bool driver_handle(const StreamInfo* s, CUstream* out) {
       return true;
     case StreamInfo::Kind::kPerThread:
       *out = CU_STREAM_PER_THREAD;
-      if (s == detail::t_per_thread) return true;
-      return s->ctx != nullptr && green_per_thread(s->ctx) == s;
+      return s == detail::t_per_thread;
     case StreamInfo::Kind::kCreated:
       *out = s->handle;
       return s->alive.load(std::memory_order_acquire);
   }
   return false;
-}
-
-StreamInfo* green_per_thread(CUcontext green) {
-  if (const std::vector<StreamInfo*>* mine = detail::t_green_per_thread) {
-    for (StreamInfo* s : *mine) {
-      if (s->ctx == green && s->alive.load(std::memory_order_acquire)) return s;
-    }
-  }
-  return nullptr;
-}
-
-void keep_green_per_thread(StreamInfo* s) {
-  std::vector<StreamInfo*>*& mine = detail::t_green_per_thread;
-  if (mine == nullptr) mine = new std::vector<StreamInfo*>;
-  // Keys of green contexts that are gone are never used again.
-  std::erase_if(*mine, [](const StreamInfo* k) { return !k->alive.load(std::memory_order_acquire); });
-  mine->push_back(s);
 }
 
 StreamInfo* StreamRegistry::per_thread() {

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
-#include <vector>
 
 #include "allocator/types.h"
 #include "shim/cuda_api.h"
@@ -20,9 +19,7 @@ struct StreamInfo {
   enum class Kind { kLegacy, kPerThread, kCreated };
   Kind kind = Kind::kCreated;
   CUstream handle = nullptr;    // kCreated: the stream; else the driver's special handle
-  // kCreated: the stream's context. A green context's own default streams (ContextList::Alias)
-  // name it too; else null.
-  CUcontext ctx = nullptr;
+  CUcontext ctx = nullptr;      // kCreated: the stream's context
   bool non_blocking = false;
   std::atomic<bool> alive{true};
   // A non-blocking stream that a library forks onto from its caller's stream and joins back
@@ -39,9 +36,7 @@ inline StreamHandle key_of(const StreamInfo* s) { return reinterpret_cast<Stream
 inline StreamInfo* info_of(StreamHandle key) { return reinterpret_cast<StreamInfo*>(key); }
 
 // The handle to pass to the driver for `s` from the calling thread, or nullopt-like false
-// when that cannot be done here (another thread's per-thread default stream, a green context's
-// stream key forgotten at its end). A key that names a context (StreamInfo::ctx) is to be used
-// with that context current.
+// when that cannot be done here (another thread's per-thread default stream).
 bool driver_handle(const StreamInfo* s, CUstream* out);
 
 class StreamRegistry;
@@ -60,18 +55,7 @@ namespace detail {
 // Trivially destructible, so no thread-exit destructor runs; the info is never freed.
 // initial-exec: the library is preloaded (static TLS), and this avoids __tls_get_addr.
 inline thread_local StreamInfo* t_per_thread __attribute__((tls_model("initial-exec"))) = nullptr;
-// The calling thread's per-thread default streams of green contexts, one key each (made by
-// ContextRegistry, which forgets them at the green context's end). Null until the first; the
-// list, like the keys, is never freed (a pointer: nothing runs at thread exit).
-inline thread_local std::vector<StreamInfo*>* t_green_per_thread __attribute__((tls_model("initial-exec"))) =
-    nullptr;
 }  // namespace detail
-
-// The calling thread's live per-thread default stream key of green context `green`; null if it
-// has none yet.
-StreamInfo* green_per_thread(CUcontext green);
-// `s` is from now on the calling thread's per-thread default stream key of its green context.
-void keep_green_per_thread(StreamInfo* s);
 
 class StreamRegistry {
  public:

@@ -559,8 +559,14 @@ CUresult resolve_stream_locked(CUstream h, bool ptds, std::shared_ptr<Stream>* o
     if (h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
         Ctx* ctx = current_ctx();
         if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
-        if (h == CU_STREAM_PER_THREAD || (h == nullptr && ptds)) *out = per_thread_stream_locked(ctx);
-        else *out = legacy_stream_locked(ctx);
+        if (h == CU_STREAM_PER_THREAD || (h == nullptr && ptds)) {
+            // A green context has no per-thread stream: the driver refuses every call naming it
+            // (H100, driver 580.159.04).
+            if (ctx->green_of) return CUDA_ERROR_INVALID_HANDLE;
+            *out = per_thread_stream_locked(ctx);
+        } else {
+            *out = legacy_stream_locked(ctx);
+        }
         return CUDA_SUCCESS;
     }
     auto it = drv().streams.find(reinterpret_cast<Stream*>(h));

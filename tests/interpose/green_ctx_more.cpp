@@ -9,19 +9,11 @@
 //   detached       a green context destroyed with a stream of its own still alive (the driver
 //                  keeps the stream, detached; cuGreenCtxDestroy's documentation): the primary
 //                  context's device fences must still record, so freed blocks are reused.
-//   per_thread_async   the same as legacy_async on the per-thread default stream
-//                  (CU_STREAM_PER_THREAD): each context, green ones included, has one of its own
-//                  per thread, and the green context's is not ordered with the primary's.
-//   per_thread_back    the other way: freed on the primary's per-thread stream, taken on the
-//                  green context's.
-//   ptsz_default   per_thread_async through the _ptsz entry points naming stream 0 (code built
-//                  with --default-stream per-thread).
-//   per_thread_fence   a block freed on the green context's per-thread stream, wanted by a
-//                  stream of the primary context: the event that decides whether its last
-//                  write is done must be recorded on that stream, in the green context.
-//   per_thread_detached  after the green context's end, a block freed on its per-thread stream
-//                  is reused without any call into the destroyed context (its per-thread
-//                  stream went with it; no fence may try to record there).
+//   per_thread     a green context has no per-thread default stream: the driver refuses every
+//                  call that names it (CUDA_ERROR_INVALID_HANDLE on an H100, driver
+//                  580.159.04), CU_STREAM_PER_THREAD or stream 0 through a _ptsz entry point.
+//                  cudalloc gives the same answer, allocates nothing, and frees nothing: the
+//                  block stays the program's, intact.
 #include <unistd.h>
 
 #include <cstring>
@@ -90,93 +82,20 @@ int legacy_async(client::Client& c) {
   return wrong != 0;
 }
 
-// A block freed on `from`'s per-thread default stream while a late write still runs there, then
-// one of the same size taken on `to`'s: whether the late write reached the new owner's data.
-// `ptsz`: through the _ptsz entry points, naming stream 0.
-int per_thread(client::Client& c, CUcontext from, CUcontext to, bool ptsz, const char* name) {
-  auto alloc_async = ptsz ? c.api.cuMemAllocAsync_ptsz : c.api.cuMemAllocAsync;
-  auto free_async = ptsz ? c.api.cuMemFreeAsync_ptsz : c.api.cuMemFreeAsync;
-  CHECK_OR_DIE(alloc_async != nullptr && free_async != nullptr);
-  CUstream stream = ptsz ? nullptr : CU_STREAM_PER_THREAD;
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(from) == CUDA_SUCCESS);
-  CUdeviceptr p = 0;
-  CHECK_OR_DIE(alloc_async(&p, kBytes, stream) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(CU_STREAM_PER_THREAD, p, kBytes, 0xAA, 300000) == CUDA_SUCCESS);
-  CHECK_OR_DIE(free_async(p, stream) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(to) == CUDA_SUCCESS);
-  CUdeviceptr q = 0;
-  CHECK_OR_DIE(alloc_async(&q, kBytes, stream) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(CU_STREAM_PER_THREAD, q, kBytes, 0x55, 0) == CUDA_SUCCESS);
-  const std::size_t wrong = wrong_bytes(c, q, 0x55);
-  std::fprintf(stderr, "green_ctx_more %s: reused %d, %zu bytes overwritten\n", name, q == p, wrong);
-  CHECK_OR_DIE(free_async(q, stream) == CUDA_SUCCESS);
-  return wrong != 0;
-}
-
-int per_thread_async(client::Client& c) {
-  Green g = make_green(c);
-  const int r = per_thread(c, g.ctx, c.ctx, false, "per_thread_async");
-  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);
-  return r;
-}
-
-int per_thread_back(client::Client& c) {
-  Green g = make_green(c);
-  const int r = per_thread(c, c.ctx, g.ctx, false, "per_thread_back");
-  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);
-  return r;
-}
-
-int ptsz_default(client::Client& c) {
-  Green g = make_green(c);
-  const int r = per_thread(c, g.ctx, c.ctx, true, "ptsz_default");
-  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);
-  return r;
-}
-
-int per_thread_fence(client::Client& c) {
-  Green g = make_green(c);
-  CUstream s = nullptr;
-  CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);  // the primary's
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(g.ctx) == CUDA_SUCCESS);
-  CUdeviceptr p = 0;
-  CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, kBytes, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(CU_STREAM_PER_THREAD, p, kBytes, 0xAA, 300000) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemFreeAsync(p, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+// A free and, once its device fence is done, an allocation of kBytes on the primary context:
+// whether the block came back. (The allocation after the free records the fence.)
+bool reuses(client::Client& c) {
   CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
-  CUdeviceptr q = 0;
-  CHECK_OR_DIE(c.api.cuMemAllocAsync(&q, kBytes, s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(s, q, kBytes, 0x55, 0) == CUDA_SUCCESS);
-  const std::size_t wrong = wrong_bytes(c, q, 0x55);
-  std::fprintf(stderr, "green_ctx_more per_thread_fence: reused %d, %zu bytes overwritten\n", q == p, wrong);
-  CHECK_OR_DIE(c.api.cuMemFreeAsync(q, s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);
-  return wrong != 0;
-}
-
-int per_thread_detached(client::Client& c) {
-  Green g = make_green(c);
-  CUstream s = nullptr;
-  CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);  // the primary's
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(g.ctx) == CUDA_SUCCESS);
-  CUdeviceptr p = 0;
-  CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, kBytes, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.launch_write(CU_STREAM_PER_THREAD, p, kBytes, 0xAA, 1000) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemFreeAsync(p, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
-  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);  // its queued work done first (the hook waits)
-  const std::uint64_t pushes = c.call_count("cuCtxPushCurrent");
-  CUdeviceptr q = 0;
-  CHECK_OR_DIE(c.api.cuMemAllocAsync(&q, kBytes, s) == CUDA_SUCCESS);
-  const std::uint64_t into_green = c.call_count("cuCtxPushCurrent") - pushes;
-  std::fprintf(stderr, "green_ctx_more per_thread_detached: reused %d, contexts pushed %llu\n", q == p,
-               static_cast<unsigned long long>(into_green));
-  CHECK_OR_DIE(c.api.cuMemFreeAsync(q, s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
-  return q == p && into_green == 0 ? 0 : 1;
+  CUdeviceptr p = 0, r = 0, q = 0;
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&r, kBytes) == CUDA_SUCCESS);
+  usleep(20000);
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&q, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(r) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
+  return q == p || r == p;
 }
 
 int single_stream(client::Client& c) {
@@ -197,22 +116,6 @@ int single_stream(client::Client& c) {
   return wrong != 0;
 }
 
-// A free and, once its device fence is done, an allocation of kBytes on the primary context:
-// whether the block came back. (The allocation after the free records the fence.)
-bool reuses(client::Client& c) {
-  CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
-  CUdeviceptr p = 0, r = 0, q = 0;
-  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, kBytes) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&r, kBytes) == CUDA_SUCCESS);
-  usleep(20000);
-  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&q, kBytes) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuMemFree_v2(r) == CUDA_SUCCESS);
-  CHECK_OR_DIE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
-  return q == p || r == p;
-}
-
 int detached(client::Client& c) {
   Green g = make_green(c);
   CUstream gs = nullptr;
@@ -229,6 +132,33 @@ int detached(client::Client& c) {
   return after ? 0 : 1;
 }
 
+// Every memory call naming the per-thread stream under the green context: the driver's refusal,
+// and nothing allocated or freed.
+int per_thread(client::Client& c) {
+  Green g = make_green(c);
+  CHECK_OR_DIE(c.api.cuMemAllocAsync_ptsz != nullptr && c.api.cuMemFreeAsync_ptsz != nullptr);
+  CUdeviceptr kept = 0;  // the program's block, made under the primary context
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&kept, kBytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.launch_write(nullptr, kept, kBytes, 0x55, 0) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuCtxSetCurrent(g.ctx) == CUDA_SUCCESS);
+  CUdeviceptr p = 0, q = 0;
+  const CUresult alloc = c.api.cuMemAllocAsync(&p, kBytes, CU_STREAM_PER_THREAD);
+  const CUresult alloc_ptsz = c.api.cuMemAllocAsync_ptsz(&q, kBytes, nullptr);
+  const CUresult free_ = c.api.cuMemFreeAsync(kept, CU_STREAM_PER_THREAD);
+  const CUresult free_ptsz = c.api.cuMemFreeAsync_ptsz(kept, nullptr);
+  // Still the program's: intact, and freed once, with no error, under the primary context.
+  const std::size_t wrong = wrong_bytes(c, kept, 0x55);
+  const CUresult free_after = c.api.cuMemFree_v2(kept);
+  std::fprintf(stderr,
+               "green_ctx_more per_thread: alloc %d, alloc_ptsz %d, free %d, free_ptsz %d (want %d each); "
+               "then %zu bytes wrong, free under the primary %d\n",
+               alloc, alloc_ptsz, free_, free_ptsz, CUDA_ERROR_INVALID_HANDLE, wrong, free_after);
+  CHECK_OR_DIE(g.destroy(g.handle) == CUDA_SUCCESS);
+  const bool refused = alloc == CUDA_ERROR_INVALID_HANDLE && alloc_ptsz == CUDA_ERROR_INVALID_HANDLE &&
+                       free_ == CUDA_ERROR_INVALID_HANDLE && free_ptsz == CUDA_ERROR_INVALID_HANDLE;
+  return refused && wrong == 0 && free_after == CUDA_SUCCESS ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,13 +167,8 @@ int main(int argc, char** argv) {
   if (std::strcmp(which, "legacy_async") == 0) return legacy_async(c) == 0 ? 0 : 1;
   if (std::strcmp(which, "single_stream") == 0) return single_stream(c) == 0 ? 0 : 1;
   if (std::strcmp(which, "detached") == 0) return detached(c) == 0 ? 0 : 1;
-  if (std::strcmp(which, "per_thread_async") == 0) return per_thread_async(c) == 0 ? 0 : 1;
-  if (std::strcmp(which, "per_thread_back") == 0) return per_thread_back(c) == 0 ? 0 : 1;
-  if (std::strcmp(which, "ptsz_default") == 0) return ptsz_default(c) == 0 ? 0 : 1;
-  if (std::strcmp(which, "per_thread_fence") == 0) return per_thread_fence(c) == 0 ? 0 : 1;
-  if (std::strcmp(which, "per_thread_detached") == 0) return per_thread_detached(c) == 0 ? 0 : 1;
+  if (std::strcmp(which, "per_thread") == 0) return per_thread(c);
   std::fprintf(stderr,
-               "usage: green_ctx_more legacy_async|single_stream|detached|per_thread_async|per_thread_back|"
-               "ptsz_default|per_thread_fence|per_thread_detached\n");
+               "usage: green_ctx_more legacy_async|single_stream|detached|per_thread\n");
   return 2;
 }

@@ -119,6 +119,8 @@ class ContextRegistry {
 
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
+  // Releases the idle caches of the other contexts of `s`'s device; whether any memory went.
+  bool release_others(const ContextState& s);
   StreamInfo* legacy_of_slow(StreamInfo* stream);
 
   const AllocatorOptions& options_;

@@ -74,7 +74,7 @@ Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   return blocks.find(stream, rounded, kind);
 }
 
-Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool report_oom) {
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
@@ -141,17 +141,22 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
     return device_error;
   }
-  if (b == nullptr) {
-    ++stats.num_ooms;
-    last_oom = make_oom_report(bytes, rounded, stream);
-    notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
-    return Status::kOutOfMemory;
-  }
+  if (b == nullptr) return report_oom ? out_of_memory(bytes, stream, async) : Status::kOutOfMemory;
   take(b, bytes, rounded);
   if (hit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
   *out = b->ptr;
   notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, hit);
   return Status::kOk;
+}
+
+// Under the lock, the statistics merged.
+Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
+  constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
+  const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
+  ++stats.num_ooms;
+  last_oom = make_oom_report(bytes, rounded, stream);
+  notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
+  return Status::kOutOfMemory;
 }
 
 // `b` was taken out of the live map by the caller.
@@ -315,6 +320,11 @@ void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
   if (budget == nullptr || budget == impl_->budget) return;
   budget->add(impl_->budget->held());  // what it holds already moves with it
   impl_->budget = std::move(budget);
+}
+
+void DeviceAllocator::set_reclaimer(std::function<bool()> reclaim) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->reclaimer = std::move(reclaim);
 }
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,12 @@ class DeviceAllocator {
   // Counts this allocator's memory against `budget`, shared with the other allocators of its
   // device, instead of a budget of its own. Before the first allocation.
   void share_budget(std::shared_ptr<DeviceBudget> budget);
+  // The ladder's last step, taken with none of this allocator's locks held: `reclaim` gives
+  // back memory held elsewhere on the device (the idle caches of its other contexts) and says
+  // whether it gave any. Then the request is tried once more, and only the outcome of that try
+  // is counted and reported (num_ooms, last_oom, the observer's kOom): a request served after
+  // the reclaim was no out-of-memory failure. Before the first allocation.
+  void set_reclaimer(std::function<bool()> reclaim);
 
   // In a fork child: the calling thread (the only one) drops its ties to every allocator's
   // thread caches without locking anything. The parent's allocators are abandoned there, and

@@ -61,6 +61,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t limit_override = 0;
   // The device's memory against the limit: this allocator's alone unless shared (share_budget).
   std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
+  std::function<bool()> reclaimer;  // set_reclaimer; empty: none
 
   std::size_t limit() const {
     if (limit_override != 0) return limit_override;
@@ -155,7 +156,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t wait_pending();
   Block* reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded);
   void take(Block* b, std::size_t requested, std::size_t rounded);
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
+  // The locked ladder. With `report_oom` false a request that fails for want of memory returns
+  // kOutOfMemory without counting or reporting it (the caller reclaims and tries again).
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool report_oom = true);
+  // Counts and reports a request that failed for want of memory.
+  Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async);
 
   // --- device memory (device_segments.cpp)

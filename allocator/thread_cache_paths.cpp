@@ -295,8 +295,19 @@ CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, 
 }
 
 CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+  {
+    std::lock_guard lock(mutex);
+    const Status st = allocate(bytes, stream, out, async, /*report_oom=*/!reclaimer);
+    if (st != Status::kOutOfMemory || !reclaimer) return st;
+  }
+  // Out of memory, not yet reported: memory held elsewhere on the device, given back with no
+  // lock of ours held (the other allocators may be reclaiming from this one meanwhile), buys
+  // one more try. set_reclaimer comes before the first allocation: `reclaimer` is read as is.
+  const bool more = reclaimer();
   std::lock_guard lock(mutex);
-  return allocate(bytes, stream, out, async);
+  if (more) return allocate(bytes, stream, out, async);
+  merge_deltas();
+  return out_of_memory(bytes, stream, async);
 }
 
 // The hot path, an exact-size block from this thread's bins, makes no call but its last:

@@ -42,6 +42,7 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     std::shared_ptr<DeviceBudget>& budget = budgets_[dev];
     if (budget == nullptr) budget = std::make_shared<DeviceBudget>();
     state->allocator.share_budget(budget);
+    state->allocator.set_reclaimer([this, state] { return release_others(*state); });
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;
@@ -52,6 +53,23 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
   // may be used from the other).
   if (several) single_stream_.leave(*this, "a second context");
   return state;
+}
+
+// Other contexts of the device may hold what a request of `s` lacks idle in their caches: the
+// device's memory, or the room under a limit they share. Gives that back (waiting for their
+// pending frees, as an out-of-memory path may). Called by `s`'s allocator with none of its
+// locks held (set_reclaimer).
+bool ContextRegistry::release_others(const ContextState& s) {
+  std::size_t released = 0;
+  for (ContextState* other : live()) {
+    if (other == &s || other->device != s.device || other->allocator.cached_bytes() == 0) continue;
+    released += other->allocator.release_cached();
+  }
+  if (released != 0) {
+    log_info("out of memory on device %d: %zu bytes released from the caches of its other contexts; retrying",
+             static_cast<int>(s.device), released);
+  }
+  return released != 0;
 }
 
 CUDALLOC_HOT ContextState* ContextRegistry::owner(CUdeviceptr p) const {

@@ -119,6 +119,8 @@ class ContextRegistry {
 
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
+  // Releases the idle caches of the other contexts of `s`'s device; whether any memory went.
+  bool release_others(const ContextState& s);
   StreamInfo* default_of_slow(StreamInfo* stream);
   // find() of green context `a`: its state, and in `stream` (optional), the stream a call names
   // as that context has it (see current()). Out of line, and called last, so that find() needs

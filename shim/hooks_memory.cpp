@@ -34,36 +34,10 @@ CUDALLOC_NOINLINE CUresult refused(ContextState& s, std::size_t bytes, Status st
   return r;
 }
 
-// Other contexts of the device may hold what a request lacks idle in their caches: the
-// device's memory, or the room under a limit they share. Gives that back (waiting for their
-// pending frees, as an out-of-memory path may). Returns whether anything was given back.
-CUDALLOC_NOINLINE bool release_other_contexts(const ContextState& s) {
-  ProcessState* ps = caching_state();
-  if (ps == nullptr) return false;
-  std::size_t released = 0;
-  for (ContextState* other : ps->contexts.live()) {
-    if (other == &s || other->device != s.device || other->allocator.cached_bytes() == 0) continue;
-    released += other->allocator.release_cached();
-  }
-  if (released != 0) {
-    log_info("out of memory on device %d: %zu bytes released from the caches of its other contexts; retrying",
-             static_cast<int>(s.device), released);
-  }
-  return released != 0;
-}
-
-// An allocation the allocator refused with `st`: one more try when other contexts gave memory
-// back, else the driver's error, with the report for an out-of-memory.
-CUDALLOC_NOINLINE CUresult allocate_refused(ContextState& s, CUdeviceptr* dptr, std::size_t bytes,
-                                            StreamHandle stream, bool async, Status st) {
-  if (st == Status::kOutOfMemory && release_other_contexts(s)) {
-    DevicePtr p = 0;
-    st = s.allocator.allocate(bytes, stream, &p, async);
-    if (st == Status::kOk) {
-      *dptr = static_cast<CUdeviceptr>(p);
-      return CUDA_SUCCESS;
-    }
-  }
+// An allocation the allocator refused with `st` (after the idle caches of the device's other
+// contexts were released and the request tried again: ContextRegistry::release_others): the
+// driver's error, with the report for an out-of-memory.
+CUDALLOC_NOINLINE CUresult allocate_refused(ContextState& s, std::size_t bytes, Status st) {
   if (st == Status::kOutOfMemory) return out_of_memory(s, bytes);
   if (st == Status::kBackendError) return refused(s, bytes, st);
   return to_cuda(st);
@@ -76,7 +50,7 @@ CUDALLOC_INLINE CUresult allocate(ContextState& s, CUdeviceptr* dptr, std::size_
     *dptr = static_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
   }
-  return allocate_refused(s, dptr, bytes, stream, async, st);
+  return allocate_refused(s, bytes, st);
 }
 
 // Each hook has a general path, which handles every case (passthrough, a thread's first call,

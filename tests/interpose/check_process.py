@@ -8,6 +8,9 @@
   check_process.py traced EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: a closed trace with the
                                        program's allocations, and the summary table at exit
   check_process.py traced_passthrough EXE [ARGS]   the same with CUDALLOC_NO_CACHING=1
+  check_process.py oom_records N EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: the program exits 0,
+                                       and its trace and its statistics at exit count N out-of-memory
+                                       failures (a request served after a retry is none)
   check_process.py profiled EXE [ARGS] CUDALLOC_PROFILE=1: every hook call of passthrough_check
                                        counted (51 cuMemAlloc, 50 cuMemFree, its segment); unset or
                                        0, no profile is printed
@@ -96,6 +99,22 @@ def passthrough_ledger(lines):
     return ok
 
 
+def oom_records(want, argv):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, 'run.trace')
+        env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1')
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        print('rc', p.returncode)
+        print(p.stderr)
+        if p.returncode != 0:
+            return 1
+        lines = open(path).read().splitlines()
+        records = sum(1 for l in lines[2:] if l and not l.startswith('#') and l.split(',')[4] == 'oom')
+        counted = [int(n) for n in re.findall(r'OOMs: (\d+)', p.stderr)]
+        print('oom records', records, 'OOMs in the summaries', counted, 'want', want)
+        return 0 if records == want and counted and sum(counted) == want else 1
+
+
 def profiled(argv):
     counts = {}
     for value in ('1', '0', None):
@@ -123,6 +142,8 @@ if __name__ == '__main__':
         sys.exit(traced(sys.argv[2:]))
     if mode == 'traced_passthrough':
         sys.exit(traced(sys.argv[2:], passthrough=True))
+    if mode == 'oom_records':
+        sys.exit(oom_records(int(arg), sys.argv[3:]))
     if mode == 'profiled':
         sys.exit(profiled(sys.argv[2:]))
     if mode == 'needed':

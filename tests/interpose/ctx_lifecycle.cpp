@@ -12,6 +12,9 @@
 //                     contexts on one device share it, and a destroyed context's memory frees it
 //   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
 //                     memory idle in its cache gets that memory
+//   reclaim_fails     a request no release can make room for fails, after the other context's
+//                     idle cache was released (run by check_process.py oom_records: the failure
+//                     is one OOM in the trace and the statistics, and reclaim_two_ctx's success none)
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -120,6 +123,25 @@ int main(int argc, char** argv) {
     const CUresult r = c.api.cuMemAlloc_v2(&b, 1500 * MiB);
     std::fprintf(stderr, "reclaim_two_ctx: 1500 MiB in the primary context after the other's free: %d\n", r);
     return r == CUDA_SUCCESS && usable(c, b, 1500 * MiB) ? 0 : 1;
+  }
+
+  if (what == "reclaim_fails") {  // FAKE_CUDA_MEMORY_MB=2048
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
+    CUcontext other = nullptr;
+    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
+    CUdeviceptr a = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 600 * MiB) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);  // idle in the other context's cache
+    CUcontext popped = nullptr;
+    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+    CUdeviceptr b = 0;
+    const CUresult r = c.api.cuMemAlloc_v2(&b, 3000 * MiB);  // more than the device has
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 1500 * MiB);  // the other's memory was given back
+    std::fprintf(stderr, "reclaim_fails: 3000 MiB: %d (want %d); then 1500 MiB: %d\n", r, CUDA_ERROR_OUT_OF_MEMORY,
+                 after);
+    return r == CUDA_ERROR_OUT_OF_MEMORY && after == CUDA_SUCCESS ? 0 : 1;
   }
 
   if (what == "capture_reset") {  // FAKE_CUDA_DEVICES=2

@@ -174,3 +174,59 @@ TEST_CASE("long random sequences match the model") {
     run_sequence(static_cast<std::uint64_t>(seed), 4000);
   }
 }
+
+// Two allocators of one device sharing its budget (two contexts): whatever they do, device
+// faults included (a refused segment, map, unmap or free), and a context's end, the budget
+// holds exactly the bytes both reserve. Fails if a path that reserves or gives back memory
+// misses the budget (a failed free that keeps its segment, an unmap, a refused map, forget_all).
+TEST_CASE("a shared device budget stays equal to what its allocators reserve") {
+  for (int seed = 1; seed <= 1000; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
+    auto budget = std::make_shared<DeviceBudget>();
+    struct Context {
+      explicit Context(const AllocatorOptions& o) : options(o), alloc(sim, options) {}
+      AllocatorOptions options;
+      SimBackend sim;
+      DeviceAllocator alloc;
+      std::vector<std::pair<DevicePtr, StreamHandle>> live;
+    };
+    std::vector<std::unique_ptr<Context>> contexts;
+    for (int i = 0; i < 2; ++i) {
+      AllocatorOptions o = random_options(rng);
+      o.memory_limit_bytes = (64 + rng() % 128) * kMiB;
+      contexts.push_back(std::make_unique<Context>(o));
+      contexts.back()->alloc.share_budget(budget);
+    }
+    for (int step = 0; step < 300; ++step) {
+      Context& c = *contexts[rng() % 2];
+      const int op = static_cast<int>(rng() % 100);
+      if (op < 45) {
+        const std::size_t bytes = rng() % 4 == 0 ? 1 + rng() % (40 * kMiB) : 1 + rng() % kMiB;
+        const StreamHandle stream = kStreams[rng() % 4];
+        DevicePtr p = 0;
+        if (c.alloc.allocate(bytes, stream, &p) == Status::kOk) c.live.emplace_back(p, stream);
+      } else if (op < 80 && !c.live.empty()) {
+        const std::size_t i = rng() % c.live.size();
+        const auto [p, stream] = c.live[i];
+        c.live.erase(c.live.begin() + static_cast<std::ptrdiff_t>(i));
+        const FreeOrder order = rng() % 3 == 0 ? FreeOrder::kDevice : rng() % 2 ? FreeOrder::kCompleted : FreeOrder::kStream;
+        REQUIRE(c.alloc.free(p, order, stream == kNoStream ? 0 : stream) == Status::kOk);
+      } else if (op < 84) {
+        c.alloc.release_cached(rng() % 2 ? 0 : 8 * kMiB);
+      } else if (op < 88) {
+        c.sim.fail_after(static_cast<SimOp>(rng() % 5), rng() % 3);
+      } else if (op < 90) {
+        c.alloc.set_memory_limit(rng() % 2 ? 0 : (32 + rng() % 128) * kMiB);
+      } else if (op < 91) {
+        c.alloc.forget_all();
+        c.live.clear();
+      } else {
+        c.sim.run_all();
+      }
+      std::size_t reserved = 0;
+      for (const auto& x : contexts) reserved += static_cast<std::size_t>(x->alloc.stats().reserved_bytes[kStatAll].current);
+      REQUIRE(budget->held() == reserved);
+    }
+  }
+}

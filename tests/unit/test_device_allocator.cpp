@@ -718,6 +718,52 @@ TEST_CASE("allocators that share a device budget are bounded together by the lim
   CHECK(budget->held() == static_cast<std::size_t>(a.alloc.stats().reserved_bytes[kStatAll].current));
 }
 
+TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
+  // Two contexts of one device under one limit: the other's idle cache, released by the
+  // reclaimer with no lock of the asking allocator held, serves the request, and only a
+  // request that still fails is an OOM (once).
+  AllocatorOptions o;
+  o.memory_limit_bytes = 64 * kMiB;
+  auto budget = std::make_shared<DeviceBudget>();
+  Fixture a(o);
+  Fixture b(o);
+  a.alloc.share_budget(budget);
+  b.alloc.share_budget(budget);
+  struct Recorder : AllocatorObserver {
+    int ooms = 0;
+    void on_event(const AllocatorEvent& e) noexcept override { ooms += e.kind == EventKind::kOom; }
+  } rec;
+  b.alloc.set_observer(&rec);
+  int asked = 0;
+  b.alloc.set_reclaimer([&] {
+    ++asked;
+    (void)b.alloc.stats();  // the asking allocator's lock is not held
+    return a.alloc.release_cached() != 0;
+  });
+  REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kDevice) == Status::kOk);  // idle in a's cache
+  DevicePtr p = 0;
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
+  CHECK(asked == 1);
+  CHECK(b.stat("num_ooms") == 0);
+  CHECK(rec.ooms == 0);
+  CHECK_FALSE(b.alloc.last_oom().has_value());
+  // Nothing left to reclaim: one OOM, reported.
+  DevicePtr q = 0;
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &q) == Status::kOutOfMemory);
+  CHECK(asked == 2);
+  CHECK(b.stat("num_ooms") == 1);
+  CHECK(rec.ooms == 1);
+  REQUIRE(b.alloc.last_oom().has_value());
+  CHECK(b.alloc.last_oom()->requested == 40 * kMiB);
+  // Memory reclaimed that is still not enough: one OOM too, not one per try.
+  REQUIRE(a.alloc.free(a.get(10 * kMiB), FreeOrder::kDevice) == Status::kOk);
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &q) == Status::kOutOfMemory);
+  CHECK(asked == 3);
+  CHECK(b.stat("num_ooms") == 2);
+  CHECK(rec.ooms == 2);
+  b.alloc.set_observer(nullptr);
+}
+
 TEST_CASE("release_cached returns every idle segment and waits for pending frees") {
   Fixture f;
   DevicePtr live = f.get(12 * kMiB);

@@ -263,10 +263,26 @@ TEST_CASE("cudaMemPoolTrimTo on the default pool gives cudalloc's idle memory ba
   CHECK(trim(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
 }
 
+// Frees `p` (a block the late write on some stream still targets), then runs pairs of its size
+// until the block comes back (a fence that forgot the stream) or 4000 pairs: enough that its
+// batch is fenced and the fence queried. A new owner sets its bytes to 0x55 and keeps it.
+// Returns whether it came back.
+static bool free_then_chase(Client& c, CUdeviceptr p, size_t n) {
+  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  for (int i = 0; i < 4000; ++i) {
+    CUdeviceptr x = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&x, n) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemsetD8_v2(x, 0x55, n) == CUDA_SUCCESS);
+    if (x == p) return true;
+    REQUIRE(c.api.cuMemFree_v2(x) == CUDA_SUCCESS);
+  }
+  return false;
+}
+
 TEST_CASE("a late write on a non-blocking stream never corrupts the next owner", "[race]") {
   Client& c = client::client();
-  const size_t n = 1 << 20;
   CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
+  const size_t n = 1 << 20;
   for (int round = 0; round < 5; ++round) {
     CUdeviceptr p = 0;
     REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
@@ -285,6 +301,25 @@ TEST_CASE("a late write on a non-blocking stream never corrupts the next owner",
       CHECK(all_equal(read_back(c, q, n), 0x55));
       REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
     }
+  }
+  REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
+}
+
+TEST_CASE("a block freed under a late write on a non-blocking stream comes back only after it", "[race]") {
+  // The frees after it fill its batch, whose fence is then queried: a fence blind to the
+  // stream would pass at once and hand the block out under the write.
+  Client& c = client::client();
+  CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
+  const size_t n = 64 << 10;
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(nb, p, n, 0xAA, 500000) == CUDA_SUCCESS);
+  const bool reused = free_then_chase(c, p, n);
+  REQUIRE(c.api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
+  INFO("the block came back to a new owner: " << reused);
+  if (reused) {
+    CHECK(all_equal(read_back(c, p, n), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   }
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
 }
@@ -355,25 +390,21 @@ TEST_CASE("a late write on a green context's stream never corrupts the next owne
 }
 
 TEST_CASE("a late write on a destroyed non-blocking stream never corrupts the next owner", "[race]") {
+  // cuStreamDestroy returns at once and the stream's queued work still runs: device fences
+  // recorded after it must still wait for that work.
   Client& c = client::client();
-  const size_t n = 1 << 20;
+  const size_t n = 64 << 10;
   CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
   CUdeviceptr p = 0;
   REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
-  REQUIRE(c.launch_write(nb, p, n, 0xAA, 30000) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(nb, p, n, 0xAA, 500000) == CUDA_SUCCESS);
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
-  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  std::vector<CUdeviceptr> got;
-  for (int i = 0; i < 4; ++i) {
-    CUdeviceptr q = 0;
-    REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
-    REQUIRE(c.api.cuMemsetD8_v2(q, 0x55, n) == CUDA_SUCCESS);
-    got.push_back(q);
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  for (CUdeviceptr q : got) {
-    CHECK(all_equal(read_back(c, q, n), 0x55));
-    REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+  const bool reused = free_then_chase(c, p, n);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the late write has run
+  INFO("the block came back to a new owner: " << reused);
+  if (reused) {
+    CHECK(all_equal(read_back(c, p, n), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   }
 }
 

@@ -86,7 +86,7 @@ class ContextRegistry {
     if (ContextState* s = find(ctx, stream)) return s;
     return ctx == nullptr ? nullptr : make(ctx);
   }
-  ContextState* find(CUcontext ctx, StreamInfo** stream = nullptr) {
+  ContextState* find(CUcontext ctx, StreamInfo** stream = nullptr) const {
     const ContextList& list = *snapshot_.load(std::memory_order_acquire);
     for (ContextState* s : list.states) {
       if (s->ctx == ctx) return s;
@@ -125,7 +125,7 @@ class ContextRegistry {
   // find() of green context `a`: its state, and in `stream` (optional), the stream a call names
   // as that context has it (see current()). Out of line, and called last, so that find() needs
   // no more registers for a context that is not green.
-  __attribute__((returns_nonnull)) ContextState* in_green(const ContextList::Alias& a, StreamInfo** stream);
+  __attribute__((returns_nonnull)) static ContextState* in_green(const ContextList::Alias& a, StreamInfo** stream);
   // Makes `next` the snapshot. Under mutex_.
   void publish_locked(const ContextList* next) {
     any_alias_.store(!next->aliases.empty(), std::memory_order_release);

@@ -48,6 +48,20 @@ static bool usable(Client& c, CUdeviceptr p, std::size_t n) {
   return c.api.cuMemcpyHtoD_v2(p, h.data(), n) == CUDA_SUCCESS;
 }
 
+// A second context of device 0 allocates and frees `bytes`, which stay idle in its cache; the
+// primary context is current again afterwards.
+static void cached_in_other_context(Client& c, std::size_t bytes) {
+  auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+  auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
+  CUcontext other = nullptr;
+  CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
+  CUdeviceptr a = 0;
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, bytes) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+}
+
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
   Client& c = client::client();
@@ -110,15 +124,7 @@ int main(int argc, char** argv) {
   }
 
   if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048
-    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
-    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
-    CUcontext other = nullptr;
-    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
-    CUdeviceptr a = 0;
-    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 1500 * MiB) == CUDA_SUCCESS);
-    CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);  // idle in the other context's cache
-    CUcontext popped = nullptr;
-    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+    cached_in_other_context(c, 1500 * MiB);
     CUdeviceptr b = 0;
     const CUresult r = c.api.cuMemAlloc_v2(&b, 1500 * MiB);
     std::fprintf(stderr, "reclaim_two_ctx: 1500 MiB in the primary context after the other's free: %d\n", r);
@@ -126,15 +132,7 @@ int main(int argc, char** argv) {
   }
 
   if (what == "reclaim_fails") {  // FAKE_CUDA_MEMORY_MB=2048
-    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
-    auto pop = proc<CtxPopFn>(c, "cuCtxPopCurrent", 4000);
-    CUcontext other = nullptr;
-    CHECK_OR_DIE(create(&other, 0, 0) == CUDA_SUCCESS);  // device 0, pushed
-    CUdeviceptr a = 0;
-    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&a, 600 * MiB) == CUDA_SUCCESS);
-    CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);  // idle in the other context's cache
-    CUcontext popped = nullptr;
-    CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+    cached_in_other_context(c, 600 * MiB);
     CUdeviceptr b = 0;
     const CUresult r = c.api.cuMemAlloc_v2(&b, 3000 * MiB);  // more than the device has
     CUdeviceptr d = 0;

@@ -105,6 +105,27 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
     o->on_event(e);
   }
 
+  // notify() for a block a thread cache hands out or takes back (`delta`: +size or -size):
+  // the record carries the allocated bytes the count's own update returned, with no second
+  // look at the shared count.
+  void notify_cached(AllocatorObserver& o, EventKind kind, const Block* b, std::size_t requested, StreamHandle stream,
+                     bool async, bool local, std::int64_t delta) {
+    const std::int64_t after = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+    AllocatorEvent e;
+    e.kind = kind;
+    e.async = async;
+    e.cache_hit = kind == EventKind::kAlloc;
+    e.local = local;
+    e.device = device;
+    e.stream = stream;
+    e.ptr = b->ptr;
+    e.requested = requested;
+    e.rounded = b->size;
+    e.allocated_after = static_cast<std::size_t>(after);
+    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
+    o.on_event(e);
+  }
+
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();
   void retire(const std::shared_ptr<ThreadCache>& cache);

@@ -281,17 +281,18 @@ CUDALLOC_NOINLINE Status Impl::hit_into_table(ThreadCache& cache, Block* b, std:
 }
 
 CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async) {
-  if (observer.load(std::memory_order_relaxed) != nullptr) {
-    count_allocated(static_cast<std::int64_t>(b->size));
-    notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, true, /*local=*/true);
+  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
+    notify_cached(*o, EventKind::kAlloc, b, bytes, stream, async, /*local=*/true,
+                  static_cast<std::int64_t>(b->size));
   }
   return Status::kOk;
 }
 
 // A free the cache takes, reported while the cache's lock is held (see free_block).
 CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, bool async, bool local) {
-  count_allocated(-static_cast<std::int64_t>(b->size));
-  notify(EventKind::kFree, stream, b->ptr, b->requested, b->size, Status::kOk, async, false, local);
+  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
+    notify_cached(*o, EventKind::kFree, b, b->requested, stream, async, local, -static_cast<std::int64_t>(b->size));
+  }
 }
 
 CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {

@@ -414,7 +414,8 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache) {
 // The hot path: a block freed by the thread that took it, the newest it took, either in its own
 // stream's order (reusable at once: a small block, or a large one that is a whole segment) or,
 // small, by cudaFree (waiting in the cache for a batch's fence). It makes no call but its last,
-// like allocate's.
+// like allocate's, unless an observer (the trace) is to hear of the free: it does so under the
+// cache's lock, held here, before the block can serve again.
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {

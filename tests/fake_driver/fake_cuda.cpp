@@ -577,19 +577,25 @@ CUresult resolve_stream_locked(CUstream h, bool ptds, std::shared_ptr<Stream>* o
     return CUDA_SUCCESS;
 }
 
+// Adds to `deps` what work submitted on s waits for by the legacy-stream rules: on the legacy
+// stream, every blocking stream's work so far; on a blocking stream, the legacy stream's.
+void legacy_rule_deps_locked(const Stream& s, std::vector<Dep>& deps) {
+    Ctx* ctx = s.ctx;
+    if (s.legacy) {
+        for (Stream* b : ctx->streams)
+            if (b->blocking() && b->submitted > 0) deps.push_back({b->shared_from_this(), b->submitted});
+    } else if (s.blocking() && ctx->legacy && ctx->legacy->submitted > 0) {
+        deps.push_back({ctx->legacy, ctx->legacy->submitted});
+    }
+}
+
 // Submits fn on s with the legacy-stream rules; returns its sequence number (0 if captured).
 uint64_t submit_locked(const std::shared_ptr<Stream>& s, std::function<void()> fn, std::vector<Dep> deps = {}) {
     if (s->capture) {
         s->capture->graph->ops.push_back(std::move(fn));
         return 0;
     }
-    Ctx* ctx = s->ctx;
-    if (s->legacy) {
-        for (Stream* b : ctx->streams)
-            if (b->blocking() && b->submitted > 0) deps.push_back({b->shared_from_this(), b->submitted});
-    } else if (s->blocking() && ctx->legacy && ctx->legacy->submitted > 0) {
-        deps.push_back({ctx->legacy, ctx->legacy->submitted});
-    }
+    legacy_rule_deps_locked(*s, deps);
     Op op;
     op.seq = ++s->submitted;
     op.deps = std::move(deps);
@@ -1552,9 +1558,9 @@ FK_API CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx h) {
 // destroyed; every later call on them, cuStreamDestroy included, fails with
 // CUDA_ERROR_CONTEXT_IS_DESTROYED (CUDA 12: CUDA_ERROR_STREAM_DETACHED, destroy allowed), and
 // their captures are invalidated. Their queued work is not waited for: it still runs, and no
-// context's synchronization waits for it any more. Its own default streams (legacy,
-// per-thread) go with it, once their work is done. Its allocations are the primary context's:
-// none go.
+// context's synchronization waits for it any more. Its legacy stream goes with it, once its
+// work is done (it has no per-thread stream). Its allocations are the primary context's: none
+// go.
 FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
     FK_ENTER();
     Ctx* c = reinterpret_cast<Ctx*>(h);
@@ -1562,9 +1568,6 @@ FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
     if (!drv().greens.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
     std::vector<Dep> fence;
     if (c->legacy && c->legacy->submitted) fence.push_back({c->legacy, c->legacy->submitted});
-    for (Stream* s : c->streams) {
-        if (s->per_thread && s->submitted) fence.push_back({s->shared_from_this(), s->submitted});
-    }
     lk.unlock();
     wait_all(fence);
     lk.lock();
@@ -1573,11 +1576,6 @@ FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
     for (Stream* s : c->streams) {
         auto it = D.streams.find(s);
         if (it == D.streams.end()) continue;
-        if (s->per_thread) {
-            it->second->retire();
-            D.streams.erase(it);
-            continue;
-        }
         s->detached = true;
         if (!s->capture) continue;
         s->capture->invalidated = true;
@@ -1831,16 +1829,10 @@ FK_API CUresult CUDAAPI cuEventDestroy(CUevent h) {  // counted as cuEventDestro
 // True when a record on s would wait for nothing: s and every stream the legacy-stream rules
 // would make it wait for have finished all they were given.
 static bool idle_for_record_locked(const Stream& s) {
-    auto done = [](const Stream& x) { return x.completed.load() >= x.submitted; };
-    if (!done(s)) return false;
-    const Ctx* ctx = s.ctx;
-    if (s.legacy) {
-        for (const Stream* b : ctx->streams)
-            if (b->blocking() && !done(*b)) return false;
-    } else if (s.blocking() && ctx->legacy && !done(*ctx->legacy)) {
-        return false;
-    }
-    return true;
+    if (s.completed.load() < s.submitted) return false;
+    std::vector<Dep> deps;
+    legacy_rule_deps_locked(s, deps);
+    return std::all_of(deps.begin(), deps.end(), [](const Dep& d) { return d.s->completed.load() >= d.seq; });
 }
 
 static CUresult event_record(CUevent h, CUstream hs, bool ptds) {

@@ -279,6 +279,16 @@ static bool free_then_chase(Client& c, CUdeviceptr p, size_t n) {
   return false;
 }
 
+// After the late write has run: a block that came back to its new owner still holds the
+// owner's bytes; it is freed.
+static void check_chased(Client& c, CUdeviceptr p, size_t n, bool reused) {
+  INFO("the block came back to a new owner: " << reused);
+  if (reused) {
+    CHECK(all_equal(read_back(c, p, n), 0x55));
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  }
+}
+
 TEST_CASE("a late write on a non-blocking stream never corrupts the next owner", "[race]") {
   Client& c = client::client();
   CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
@@ -316,11 +326,7 @@ TEST_CASE("a block freed under a late write on a non-blocking stream comes back 
   REQUIRE(c.launch_write(nb, p, n, 0xAA, 500000) == CUDA_SUCCESS);
   const bool reused = free_then_chase(c, p, n);
   REQUIRE(c.api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
-  INFO("the block came back to a new owner: " << reused);
-  if (reused) {
-    CHECK(all_equal(read_back(c, p, n), 0x55));
-    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  }
+  check_chased(c, p, n, reused);
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
 }
 
@@ -368,24 +374,10 @@ TEST_CASE("a late write on a green context's stream never corrupts the next owne
   CUdeviceptr p = 0;
   REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
   REQUIRE(c.launch_write(gs, p, n, 0xAA, 500000) == CUDA_SUCCESS);
-  REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  // Enough frees after it that its batch is fenced and the fence queried: a fence blind to
-  // the green stream passes at once and hands the block out under the late write. A new owner
-  // of the block keeps it, to look at it once the write has run.
-  bool reused = false;
-  for (int i = 0; i < 4000 && !reused; ++i) {
-    CUdeviceptr x = 0;
-    REQUIRE(c.api.cuMemAlloc_v2(&x, n) == CUDA_SUCCESS);
-    REQUIRE(c.api.cuMemsetD8_v2(x, 0x55, n) == CUDA_SUCCESS);
-    reused = x == p;
-    if (!reused) REQUIRE(c.api.cuMemFree_v2(x) == CUDA_SUCCESS);
-  }
+  // A fence blind to the green stream passes at once and hands the block out under the write.
+  const bool reused = free_then_chase(c, p, n);
   REQUIRE(c.api.cuStreamSynchronize(gs) == CUDA_SUCCESS);
-  INFO("the block came back to a new owner: " << reused);
-  if (reused) {
-    CHECK(all_equal(read_back(c, p, n), 0x55));
-    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  }
+  check_chased(c, p, n, reused);
   REQUIRE(c.api.cuStreamDestroy_v2(gs) == CUDA_SUCCESS);
 }
 
@@ -401,11 +393,7 @@ TEST_CASE("a late write on a destroyed non-blocking stream never corrupts the ne
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
   const bool reused = free_then_chase(c, p, n);
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the late write has run
-  INFO("the block came back to a new owner: " << reused);
-  if (reused) {
-    CHECK(all_equal(read_back(c, p, n), 0x55));
-    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-  }
+  check_chased(c, p, n, reused);
 }
 
 TEST_CASE("a late write on the per-thread default stream never corrupts the next owner", "[race]") {

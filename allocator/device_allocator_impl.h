@@ -89,7 +89,24 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
               bool hit = false, bool local = false) {
     AllocatorObserver* o = observer.load(std::memory_order_acquire);
     if (o == nullptr) return;
-    AllocatorEvent e{};
+    report(*o, kind, stream, ptr, requested, rounded, result, async, hit, local,
+           static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed)));
+  }
+
+  // notify() for a block a thread cache hands out or takes back (`delta`: +size or -size):
+  // the record carries the allocated bytes the count's own update returned, with no second
+  // look at the shared count.
+  void notify_cached(AllocatorObserver& o, EventKind kind, const Block* b, std::size_t requested, StreamHandle stream,
+                     bool async, bool local, std::int64_t delta) {
+    const std::int64_t after = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+    report(o, kind, stream, b->ptr, requested, b->size, Status::kOk, async, kind == EventKind::kAlloc, local,
+           static_cast<std::size_t>(after));
+  }
+
+  // The record itself, for notify() and notify_cached().
+  void report(AllocatorObserver& o, EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
+              std::size_t rounded, Status result, bool async, bool hit, bool local, std::size_t allocated_after) {
+    AllocatorEvent e;
     e.kind = kind;
     e.async = async;
     e.cache_hit = hit;
@@ -100,28 +117,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
     e.ptr = ptr;
     e.requested = requested;
     e.rounded = rounded;
-    e.allocated_after = static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed));
-    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
-    o->on_event(e);
-  }
-
-  // notify() for a block a thread cache hands out or takes back (`delta`: +size or -size):
-  // the record carries the allocated bytes the count's own update returned, with no second
-  // look at the shared count.
-  void notify_cached(AllocatorObserver& o, EventKind kind, const Block* b, std::size_t requested, StreamHandle stream,
-                     bool async, bool local, std::int64_t delta) {
-    const std::int64_t after = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-    AllocatorEvent e;
-    e.kind = kind;
-    e.async = async;
-    e.cache_hit = kind == EventKind::kAlloc;
-    e.local = local;
-    e.device = device;
-    e.stream = stream;
-    e.ptr = b->ptr;
-    e.requested = requested;
-    e.rounded = b->size;
-    e.allocated_after = static_cast<std::size_t>(after);
+    e.allocated_after = allocated_after;
     e.reserved_after = reserved_now.load(std::memory_order_relaxed);
     o.on_event(e);
   }

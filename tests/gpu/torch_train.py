@@ -3,6 +3,7 @@ weights, random inputs) and prints the per-step losses bit for bit, plus the ste
 PyTorch's peak memory counters, as one JSON line.
 
     python3 tests/gpu/torch_train.py [--steps N] [--model gpt2|mlp|resnet50|bert] [--varied] [--batch N]
+                                     [--pageable] [--profile TRACE]
 
 gpt2: GPT-2-sized transformer (12 x 768), AdamW, batch 4 x 256 tokens (varied: 128-320;
   --batch N: N x 256).
@@ -13,9 +14,11 @@ bert: BERT-base (BertConfig() defaults) masked-LM inference in eval mode under n
   x 256 tokens (varied: batch and sequence length change every step; --batch N: N x 256); its "losses" are a
   checksum of the logits per step, so the bit-for-bit comparison works the same way.
 Run it with and without cudalloc (and PYTORCH_NO_CUDA_MEMORY_CACHING=1): the losses must match.
-Inputs are drawn on the host before each step's timer starts; their copy to the device is timed.
+Inputs are drawn on the host, and pinned, before each step's timer starts; their copy to the device is
+timed.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -25,6 +28,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
 
 MODELS = ["gpt2", "mlp", "resnet50", "bert"]
+STEP_MARK = "cudalloc_step"  # the profiler's range around each timed step (scripts/torch-kernels)
 RESNET_SHAPES = [(32, 224), (16, 256), (24, 192), (32, 160)]  # (batch, resolution) when varied
 BERT_SHAPES = [(8, 128), (4, 384), (16, 64), (8, 256)]  # (batch, sequence) when varied
 
@@ -79,6 +83,28 @@ def host_inputs(model_name, step, varied, gen, vocab, batch=None):
     return (torch.randn(batch, 2048, generator=gen),)
 
 
+def train_step(model_name, model, opt, inputs):
+    """One step on device inputs; returns the loss (bert: the logits' checksum)."""
+    if opt is None:  # inference
+        with torch.no_grad():
+            x = inputs[0]
+            logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
+            # A checksum of the logits, reduced in a fixed order: bit-identical across modes.
+            return logits.sum(dtype=torch.float64)
+    if model_name == "gpt2":
+        loss = model(input_ids=inputs[0], labels=inputs[0]).loss
+    elif model_name == "resnet50":
+        x, target = inputs
+        logp = torch.nn.functional.log_softmax(model(x), dim=1)
+        loss = -(logp * target).sum(dim=1).mean()
+    else:
+        loss = model(inputs[0]).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
@@ -86,6 +112,12 @@ def main():
     ap.add_argument("--varied", action="store_true", help="vary the input shapes per step")
     ap.add_argument("--batch", type=int, help="batch size of the fixed shape "
                     "(larger: steps bound by the GPU rather than by kernel launches)")
+    ap.add_argument("--pageable", action="store_true", help="copy the inputs from pageable host memory "
+                    "(the default pins them first, as a DataLoader with pin_memory does: a pageable copy "
+                    "runs through the driver's staging buffers at the host's memcpy speed, which varies "
+                    "between runs more than the allocators being compared)")
+    ap.add_argument("--profile", metavar="TRACE", help="record the steps after the first two with "
+                    "torch.profiler and write its Chrome trace here (scripts/torch-kernels reads it)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -93,8 +125,7 @@ def main():
     torch.backends.cudnn.deterministic = True
     model, vocab = build(args.model)
     model = model.cuda()
-    inference = args.model == "bert"
-    if inference:
+    if args.model == "bert":
         model.eval()
         opt = None
     elif args.model == "resnet50":
@@ -103,33 +134,25 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1)
     losses, times = [], []
+    profiler = None
     for step in range(args.steps):
         inputs = host_inputs(args.model, step, args.varied, gen, vocab, args.batch)
+        if not args.pageable:
+            inputs = tuple(t.pin_memory() for t in inputs)
         torch.cuda.synchronize()
+        if args.profile and step == 2:  # the warm steps only, as the median
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         t0 = time.perf_counter()
-        if inference:
-            with torch.no_grad():
-                x = inputs[0].cuda()
-                logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
-                # A checksum of the logits, reduced in a fixed order: bit-identical across modes.
-                loss = logits.sum(dtype=torch.float64)
-        else:
-            if args.model == "gpt2":
-                x = inputs[0].cuda()
-                loss = model(input_ids=x, labels=x).loss
-            elif args.model == "resnet50":
-                x, target = inputs[0].cuda(), inputs[1].cuda()
-                logp = torch.nn.functional.log_softmax(model(x), dim=1)
-                loss = -(logp * target).sum(dim=1).mean()
-            else:
-                x = inputs[0].cuda()
-                loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        torch.cuda.synchronize()
+        with torch.profiler.record_function(STEP_MARK) if profiler else contextlib.nullcontext():
+            loss = train_step(args.model, model, opt, [t.cuda(non_blocking=True) for t in inputs])
+            losses.append(loss.item())
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(args.profile)
     steady = times[2:] if len(times) > 4 else times
     print(json.dumps({
         "model": args.model,

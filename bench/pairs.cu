@@ -1,10 +1,12 @@
 // Allocate+free pair latency, the way legacy CUDA codes call it (static runtime by default).
-//   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T] [--mix LIVE]
+//   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T [--no-streams]] [--mix LIVE]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
 // log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
-// its own non-blocking stream and the line gives the total throughput in pairs per second.
+// its own non-blocking stream and the line gives the total throughput in pairs per second;
+// --no-streams makes no stream (cudaMalloc pairs only): a context with the legacy stream alone,
+// as in a legacy code, whose device fences order reuse without waiting (shim/driver_backend.h).
 // --repeat N times each size N times in one process, each timing between two runs of a fixed
 // CPU loop (reference_before_ns, reference_after_ns): scripts/pair-over-time reads them.
 #include <algorithm>
@@ -158,14 +160,14 @@ static void mix(size_t max_live, bool async, int ops) {
   for (void* p : live) release(p, async, s);
 }
 
-static void threads(int n, size_t size, bool async, int iters) {
+static void threads(int n, size_t size, bool async, int iters, bool streams) {
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> ts;
   for (int t = 0; t < n; ++t) {
     ts.emplace_back([&] {
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      cudaStream_t s = nullptr;
+      if (streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       // Past the first fenced batch of a thread cache (256 blocks), so the timed part is the
       // steady state, not the first segments being cut.
       for (int i = 0; i < 2000; ++i) release(alloc(size, async, s), async, s);
@@ -188,6 +190,7 @@ int main(int argc, char** argv) {
   size_t live = 0, only_size = 0;  // --size N: the pairs of that size only
   int repeat = 1;  // --repeat N: time each size N times in this process, between reference_ns() runs
   bool probe = false;  // what one cuCtxGetCurrent costs (the shim asks it per cudaMalloc)
+  bool streams = true;  // --threads: each thread makes a non-blocking stream
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -195,6 +198,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--mix")) live = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--driver")) drv.on = true;
     else if (!std::strcmp(argv[i], "--probe")) probe = true;
+    else if (!std::strcmp(argv[i], "--no-streams")) streams = false;
     else if (!std::strcmp(argv[i], "--repeat")) repeat = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
   }
@@ -246,7 +250,11 @@ int main(int argc, char** argv) {
     return sum == 42 ? 1 : 0;  // keeps the loops
   }
   if (nthreads > 0) {
-    threads(nthreads, only_size != 0 ? only_size : 64 * 1024, async, iters);
+    if (async && !streams) {
+      std::fprintf(stderr, "--no-streams is for cudaMalloc pairs\n");
+      return 2;
+    }
+    threads(nthreads, only_size != 0 ? only_size : 64 * 1024, async, iters, streams);
   } else if (live > 0) {
     mix(live, async, iters);
   } else {

@@ -718,6 +718,49 @@ TEST_CASE("allocators that share a device budget are bounded together by the lim
   CHECK(budget->held() == static_cast<std::size_t>(a.alloc.stats().reserved_bytes[kStatAll].current));
 }
 
+TEST_CASE("a segment's room under a shared limit comes back only once the device took the memory back") {
+  // Two contexts of one device under one limit. While one gives idle memory back (a plain
+  // segment, or an expandable chunk), the other asks for the same room: the device still
+  // holds the memory, so the room is not free yet; and memory the device refuses to take
+  // back keeps its room for good.
+  const bool expandable = GENERATE(false, true);
+  CAPTURE(expandable);
+  const SimOp op = expandable ? SimOp::kUnmap : SimOp::kFree;
+  AllocatorOptions o;
+  o.memory_limit_bytes = 64 * kMiB;
+  AllocatorOptions oa = o;
+  oa.expandable_segments = expandable;
+  auto budget = std::make_shared<DeviceBudget>();
+  Fixture a(oa);
+  Fixture b(o);
+  a.alloc.share_budget(budget);
+  b.alloc.share_budget(budget);
+  REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kCompleted) == Status::kOk);  // idle in a's cache
+  Status during = Status::kOk;
+  DevicePtr pb = 0;
+  std::size_t on_device = 0;
+  a.sim.during_next(op, [&] {
+    during = b.alloc.allocate(40 * kMiB, kNoStream, &pb);
+    on_device = a.sim.used_bytes() + b.sim.used_bytes();
+  });
+  SECTION("the device takes it back") {
+    a.alloc.release_cached();
+    CHECK(a.sim.used_bytes() == 0);
+    CHECK(during == Status::kOutOfMemory);
+    CHECK(on_device <= o.memory_limit_bytes);
+    CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOk);  // now the room is free
+  }
+  SECTION("the device refuses it") {
+    a.sim.fail_after(op, 0);
+    a.alloc.release_cached();
+    CHECK(a.sim.used_bytes() == 40 * kMiB);
+    CHECK(during == Status::kOutOfMemory);
+    CHECK(on_device <= o.memory_limit_bytes);
+    CHECK(budget->held() == a.sim.used_bytes() + b.sim.used_bytes());
+    CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOutOfMemory);
+  }
+}
+
 TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
   // Two contexts of one device under one limit: the other's idle cache, released by the
   // reclaimer with no lock of the asking allocator held, serves the request, and only a

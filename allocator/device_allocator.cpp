@@ -197,7 +197,12 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
 }
 
 DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
-    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {}
+    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {
+  // Weak: a backend may outlive its allocator.
+  backend.set_freed_later([weak = std::weak_ptr<Impl>(impl_)](std::size_t bytes) {
+    if (auto m = weak.lock()) m->freed_later(bytes);
+  });
+}
 
 DeviceAllocator::~DeviceAllocator() = default;
 

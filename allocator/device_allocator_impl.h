@@ -61,6 +61,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t limit_override = 0;
   // The device's memory against the limit: this allocator's alone unless shared (share_budget).
   std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
+  // Segments the backend frees later (kDeferred), still claimed in `budget` until it has.
+  std::atomic<std::size_t> freeing{0};
   std::function<bool()> reclaimer;  // set_reclaimer; empty: none
 
   std::size_t limit() const {
@@ -186,6 +188,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Segment* add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream);
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
+  // The backend freed a segment it had deferred (backend.h); no lock needed.
+  void freed_later(std::size_t bytes);
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
   bool claim(std::size_t bytes) override;

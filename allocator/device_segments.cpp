@@ -66,8 +66,13 @@ bool Impl::free_segment(Segment* s) {
   note_device_free(kind, stream, base, size);
   // The room under the limit is given back only once the device took the memory back: given
   // back before, another context of the device could claim it while the device still held
-  // both, and for good if the device refused.
-  if (backend.free_segment(base, size) == Status::kOk) {
+  // both, and for good if the device refused. A deferred free gives it back in freed_later
+  // (counted first: that may run on another thread before free_segment returns here).
+  freeing.fetch_add(size, std::memory_order_relaxed);
+  const Status st = backend.free_segment(base, size);
+  if (st == Status::kDeferred) return true;
+  freeing.fetch_sub(size, std::memory_order_relaxed);
+  if (st == Status::kOk) {
     unclaim(size);
     return true;
   }
@@ -78,6 +83,11 @@ bool Impl::free_segment(Segment* s) {
   --stats.num_device_free;
   blocks.insert(again->first);
   return false;
+}
+
+void Impl::freed_later(std::size_t bytes) {
+  freeing.fetch_sub(bytes, std::memory_order_relaxed);
+  unclaim(bytes);
 }
 
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {

@@ -116,11 +116,30 @@ Status SimBackend::free_segment(DevicePtr ptr, std::size_t bytes) {
   auto it = segments_.find(ptr);
   if (it == segments_.end()) return Status::kInvalidValue;
   if (should_fail(SimOp::kFree)) return Status::kBackendError;
+  if (defer_frees_) {
+    deferred_frees_.emplace_back(ptr, bytes);
+    return Status::kDeferred;
+  }
   give_address(ptr, it->second);
   segments_.erase(it);
   used_ -= bytes;
   ++free_calls_;
   return Status::kOk;
+}
+
+void SimBackend::set_defer_frees(bool defer) {
+  std::lock_guard lock(mutex_);
+  defer_frees_ = defer;
+}
+
+void SimBackend::finish_deferred_frees() {
+  std::vector<std::pair<DevicePtr, std::size_t>> frees;
+  {
+    std::lock_guard lock(mutex_);
+    defer_frees_ = false;
+    frees.swap(deferred_frees_);
+  }
+  free_deferred(frees);
 }
 
 std::unique_ptr<Fence> SimBackend::record_fence(StreamHandle handle) {

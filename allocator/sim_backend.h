@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "allocator/backend.h"
 
@@ -64,6 +66,11 @@ class SimBackend final : public SegmentBackend {
   // Runs `f` once, at the next call of `op` (kFree or kUnmap), before that call acts, so the
   // device still holds the memory: what another context does while that driver call runs.
   void during_next(SimOp op, std::function<void()> f);
+  // While on, free_segment frees nothing and answers kDeferred, as the driver backend does
+  // during a stream capture; finish_deferred_frees() then frees those segments and tells the
+  // allocator (SegmentBackend::set_freed_later).
+  void set_defer_frees(bool defer);
+  void finish_deferred_frees();
 
   // --- what happened
   std::size_t used_bytes() const;
@@ -101,6 +108,8 @@ class SimBackend final : public SegmentBackend {
   DevicePtr next_fake_address_ = DevicePtr{1} << 44;
   std::map<SimOp, std::size_t> fail_countdown_;
   std::map<SimOp, std::function<void()>> during_;
+  bool defer_frees_ = false;
+  std::vector<std::pair<DevicePtr, std::size_t>> deferred_frees_;
   bool fences_stall_ = false;
   std::size_t segment_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0;
   std::size_t device_fences_ = 0, stream_fences_ = 0;

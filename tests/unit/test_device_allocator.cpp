@@ -761,6 +761,37 @@ TEST_CASE("a segment's room under a shared limit comes back only once the device
   }
 }
 
+TEST_CASE("a segment the backend frees later keeps its room under the limit until then") {
+  // The driver backend defers cuMemFree during a stream capture (kDeferred): the device still
+  // holds the memory, so neither context of the device may have its room before the backend
+  // says it is freed, and an out-of-memory report in between says where the room went.
+  AllocatorOptions o;
+  o.memory_limit_bytes = 64 * kMiB;
+  auto budget = std::make_shared<DeviceBudget>();
+  Fixture a(o);
+  Fixture b(o);
+  a.alloc.share_budget(budget);
+  b.alloc.share_budget(budget);
+  REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kCompleted) == Status::kOk);
+  a.sim.set_defer_frees(true);
+  CHECK(a.alloc.release_cached() == 40 * kMiB);  // out of the cache...
+  CHECK(a.stat("reserved_bytes.all.current") == 0);
+  CHECK(a.sim.used_bytes() == 40 * kMiB);  // ...but still the device's
+  DevicePtr p = 0;
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+  REQUIRE(b.alloc.last_oom().has_value());
+  CHECK(b.alloc.last_oom()->held_elsewhere == 40 * kMiB);
+  CHECK(a.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+  REQUIRE(a.alloc.last_oom().has_value());
+  CHECK(a.alloc.last_oom()->freeing == 40 * kMiB);
+  CHECK(a.alloc.last_oom()->held_elsewhere == 0);
+  CHECK(a.alloc.last_oom()->message().find("40.00 MiB given back but not yet freed") != std::string::npos);
+  a.sim.finish_deferred_frees();
+  CHECK(a.sim.used_bytes() == 0);
+  CHECK(budget->held() == 0);
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
+}
+
 TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
   // Two contexts of one device under one limit: the other's idle cache, released by the
   // reclaimer with no lock of the asking allocator held, serves the request, and only a

@@ -175,9 +175,12 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t wait_pending();
   Block* reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded);
   void take(Block* b, std::size_t requested, std::size_t rounded);
-  // The locked ladder. With `report_oom` false a request that fails for want of memory returns
-  // kOutOfMemory without counting or reporting it (the caller reclaims and tries again).
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool report_oom = true);
+  // Which try of a request the locked ladder is: the only one; the first of two, whose failure
+  // for want of memory returns kOutOfMemory without counting or reporting it (the caller
+  // reclaims and tries again); or that second one, which counts the request's lock and retry
+  // no more (the first did: the statistics count requests, not runs of the ladder).
+  enum class Try { kOnly, kFirst, kAgain };
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly);
   // Counts and reports a request that failed for want of memory.
   Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async);

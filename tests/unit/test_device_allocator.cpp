@@ -838,6 +838,44 @@ TEST_CASE("a reclaimer's memory serves a request before it counts as out of memo
   b.alloc.set_observer(nullptr);
 }
 
+TEST_CASE("a request tried again after the reclaimer counts one retry and one locked allocation") {
+  // The reclaimer's try runs the ladder a second time; the statistics count requests, as
+  // PyTorch's num_alloc_retries does, not runs of the ladder.
+  AllocatorOptions o;
+  o.memory_limit_bytes = 64 * kMiB;
+  auto budget = std::make_shared<DeviceBudget>();
+  Fixture a(o);
+  Fixture b(o);
+  a.alloc.share_budget(budget);
+  b.alloc.share_budget(budget);
+  int asked = 0;
+  b.alloc.set_reclaimer([&] {
+    ++asked;
+    return a.alloc.release_cached() != 0;
+  });
+  DevicePtr p = 0;
+  SECTION("served after the reclaim") {
+    REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kDevice) == Status::kOk);
+    const auto before = b.alloc.stats();
+    REQUIRE(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
+    REQUIRE(asked == 1);
+    const auto after = b.alloc.stats();
+    CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
+    CHECK(after.num_locked_allocs == before.num_locked_allocs + 1);
+  }
+  SECTION("still out of memory after the reclaim") {
+    REQUIRE(a.alloc.free(a.get(10 * kMiB), FreeOrder::kDevice) == Status::kOk);
+    a.get(40 * kMiB);  // live: no release makes room for 40 more
+    const auto before = b.alloc.stats();
+    REQUIRE(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+    REQUIRE(asked == 1);
+    const auto after = b.alloc.stats();
+    CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
+    CHECK(after.num_locked_allocs == before.num_locked_allocs + 1);
+    CHECK(after.num_ooms == before.num_ooms + 1);
+  }
+}
+
 TEST_CASE("release_cached returns every idle segment and waits for pending frees") {
   Fixture f;
   DevicePtr live = f.get(12 * kMiB);

@@ -7,7 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "allocator/types.h"
 
@@ -43,7 +46,15 @@ class SegmentBackend {
   // --- plain segments (cuMemAlloc / cuMemFree)
   virtual Status allocate_segment(std::size_t bytes, DevicePtr* out) = 0;
   // Returns the memory to the device. Callers fence first; the backend does not wait.
+  // kDeferred: the device cannot take it back now (the driver forbids cuMemFree during a stream
+  // capture); the backend frees it later and then calls freed_later, so that the memory counts
+  // against the limit for as long as the device holds it.
   virtual Status free_segment(DevicePtr ptr, std::size_t bytes) = 0;
+  // Told of each free_segment that returned kDeferred, once, when the device took the memory
+  // back (or it went with its context), with its bytes; from any thread, with no lock of the
+  // allocator held. A free the device refuses then is not told: it stays counted. Set by the
+  // allocator over this backend, before its first allocation.
+  void set_freed_later(std::function<void(std::size_t)> f) { freed_later_ = std::move(f); }
 
   // --- ordering
   // A fence after all work queued so far on `stream`.
@@ -63,6 +74,21 @@ class SegmentBackend {
   virtual Status map(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
   // unmap + release of [va, va+bytes), which was mapped by map() calls covering it exactly.
   virtual Status unmap(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
+
+ protected:
+  void freed_later(std::size_t bytes) const {
+    if (freed_later_) freed_later_(bytes);
+  }
+  // Frees segments deferred earlier, telling freed_later of each the device took back (one
+  // deferred again, or refused, is not told: it stays counted).
+  void free_deferred(const std::vector<std::pair<DevicePtr, std::size_t>>& frees) {
+    for (const auto& [ptr, bytes] : frees) {
+      if (free_segment(ptr, bytes) == Status::kOk) freed_later(bytes);
+    }
+  }
+
+ private:
+  std::function<void(std::size_t)> freed_later_;
 };
 
 }  // namespace cudalloc

@@ -74,11 +74,11 @@ Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   return blocks.find(stream, rounded, kind);
 }
 
-Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool report_oom) {
+Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt) {
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
-  ++stats.num_locked_allocs;
+  if (attempt != Try::kAgain) ++stats.num_locked_allocs;
   merge_deltas();
   device_error = Status::kOk;
   // Past this, rounding would overflow; no device has that much memory anyway.
@@ -131,7 +131,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // A refusal that is not for want of memory ends the ladder: releasing cache cannot help.
     if (b == nullptr && device_error == Status::kOk && release_oversize(rounded)) b = obtain(stream, rounded, kind);
     if (b == nullptr && device_error == Status::kOk) {
-      ++stats.num_alloc_retries;
+      if (attempt != Try::kAgain) ++stats.num_alloc_retries;
       release_idle();
       b = blocks.find(stream, rounded, kind);
       if (b == nullptr) b = obtain(stream, rounded, kind);
@@ -141,7 +141,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
     return device_error;
   }
-  if (b == nullptr) return report_oom ? out_of_memory(bytes, stream, async) : Status::kOutOfMemory;
+  if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, async);
   take(b, bytes, rounded);
   if (hit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
   *out = b->ptr;
@@ -197,7 +197,12 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
 }
 
 DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
-    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {}
+    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {
+  // Weak: a backend may outlive its allocator.
+  backend.set_freed_later([weak = std::weak_ptr<Impl>(impl_)](std::size_t bytes) {
+    if (auto m = weak.lock()) m->freed_later(bytes);
+  });
+}
 
 DeviceAllocator::~DeviceAllocator() = default;
 

@@ -61,6 +61,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t limit_override = 0;
   // The device's memory against the limit: this allocator's alone unless shared (share_budget).
   std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
+  // Segments the backend frees later (kDeferred), still claimed in `budget` until it has.
+  std::atomic<std::size_t> freeing{0};
   std::function<bool()> reclaimer;  // set_reclaimer; empty: none
 
   std::size_t limit() const {
@@ -173,9 +175,12 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t wait_pending();
   Block* reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded);
   void take(Block* b, std::size_t requested, std::size_t rounded);
-  // The locked ladder. With `report_oom` false a request that fails for want of memory returns
-  // kOutOfMemory without counting or reporting it (the caller reclaims and tries again).
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool report_oom = true);
+  // Which try of a request the locked ladder is: the only one; the first of two, whose failure
+  // for want of memory returns kOutOfMemory without counting or reporting it (the caller
+  // reclaims and tries again); or that second one, which counts the request's lock and retry
+  // no more (the first did: the statistics count requests, not runs of the ladder).
+  enum class Try { kOnly, kFirst, kAgain };
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly);
   // Counts and reports a request that failed for want of memory.
   Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async);
@@ -186,6 +191,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Segment* add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream);
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
+  // The backend freed a segment it had deferred (backend.h); no lock needed.
+  void freed_later(std::size_t bytes);
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
   bool claim(std::size_t bytes) override;

@@ -26,7 +26,6 @@ void Impl::note_device_error(Status error) {
 }
 
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
-  budget->release(bytes);
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);
   ++stats.num_device_free;
   sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
@@ -65,15 +64,30 @@ bool Impl::free_segment(Segment* s) {
   // Observers hear of it while the memory still exists (a sanitizer's heap is unregistered
   // before the driver takes the memory back).
   note_device_free(kind, stream, base, size);
-  if (backend.free_segment(base, size) == Status::kOk) return true;
-  // The device still holds the memory: it comes back as an idle segment of the pool (observers
-  // hear of it again), else it would be held and counted by nobody.
-  budget->add(size);
+  // The room under the limit is given back only once the device took the memory back: given
+  // back before, another context of the device could claim it while the device still held
+  // both, and for good if the device refused. A deferred free gives it back in freed_later
+  // (counted first: that may run on another thread before free_segment returns here).
+  freeing.fetch_add(size, std::memory_order_relaxed);
+  const Status st = backend.free_segment(base, size);
+  if (st == Status::kDeferred) return true;
+  freeing.fetch_sub(size, std::memory_order_relaxed);
+  if (st == Status::kOk) {
+    unclaim(size);
+    return true;
+  }
+  // The device still holds the memory, still claimed: it comes back as an idle segment of the
+  // pool (observers hear of it again), else it would be held and counted by nobody.
   Segment* again = add_segment(base, size, kind, stream);
   --stats.num_device_alloc;  // neither call reached the device
   --stats.num_device_free;
   blocks.insert(again->first);
   return false;
+}
+
+void Impl::freed_later(std::size_t bytes) {
+  freeing.fetch_sub(bytes, std::memory_order_relaxed);
+  unclaim(bytes);
 }
 
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {

@@ -83,6 +83,7 @@ std::size_t ExpandableSegments::unmap_free_chunks(Segment* s, std::size_t stop_b
     blocks_.make_reusable(gone);  // joins neighbouring unmapped ranges
     segments_.note_mapped(s, -static_cast<std::ptrdiff_t>(bytes));
     ledger_.note_device_free(s->pool, s->stream, start, bytes);
+    ledger_.unclaim(bytes);  // the device took it back (a failed unmap keeps its claim)
     released += bytes;
     it = s->chunks.erase(it);
   }

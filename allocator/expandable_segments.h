@@ -27,11 +27,13 @@ class SegmentLedger {
   // The reservation limit in force.
   virtual std::size_t device_limit() const = 0;
   // Takes `bytes` of the limit for memory about to be asked of the device; false, taking
-  // nothing, when that would pass the limit. unclaim() gives them back if the device refuses.
+  // nothing, when that would pass the limit. unclaim() gives them back if the device refuses,
+  // or once the device has taken the memory back (not before: another context could claim
+  // the room while the device still held the memory).
   virtual bool claim(std::size_t bytes) = 0;
   virtual void unclaim(std::size_t bytes) = 0;
   // `bytes` at `ptr` were just taken from (given back to) the device for a segment of `kind`
-  // on `stream`; the segment table already counts the change. A free gives its claim back.
+  // on `stream`; the segment table already counts the change. The claim is the caller's.
   virtual void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
   virtual void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
   // The device refused memory with `error`, not for want of it (see Impl::device_error).

@@ -13,6 +13,7 @@ std::string OomReport::message() const {
                   format_bytes(free_fragmented) + " free but fragmented";
   if (pending_free != 0) m += "; " + format_bytes(pending_free) + " waiting for device work";
   if (held_elsewhere != 0) m += "; " + format_bytes(held_elsewhere) + " held by other contexts on the device";
+  if (freeing != 0) m += "; " + format_bytes(freeing) + " given back but not yet freed by the device";
   m += ". If reserved memory is much larger than allocated, set max_split_size_mb or "
        "expandable_segments:true in CUDALLOC_CONF to reduce fragmentation.";
   return m;

@@ -23,6 +23,7 @@ struct OomReport {
   std::size_t free_fragmented = 0;    // cached bytes that are free but could not serve the request
   std::size_t pending_free = 0;       // freed bytes still waiting on device work
   std::size_t held_elsewhere = 0;     // held under the same limit by other contexts of the device
+  std::size_t freeing = 0;            // given back, but the device frees it later (backend.h, kDeferred)
 
   std::string message() const;
 };

@@ -122,8 +122,9 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.device_total = backend.total_memory();
   r.allocated = allocated();
   r.reserved = reserved();
+  r.freeing = freeing.load(std::memory_order_relaxed);
   const std::size_t held = budget->held();
-  r.held_elsewhere = held > r.reserved ? held - r.reserved : 0;
+  r.held_elsewhere = held > r.reserved + r.freeing ? held - r.reserved - r.freeing : 0;
   r.largest_free_block = blocks.largest();
   r.pending_free = fences.pending_bytes();
   r.free_fragmented = blocks.bytes();

@@ -55,6 +55,19 @@ bool SimBackend::should_fail(SimOp op) {
   return false;
 }
 
+// Outside the lock: `f` may call into this backend.
+void SimBackend::run_during(SimOp op) {
+  std::function<void()> f;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = during_.find(op);
+    if (it == during_.end()) return;
+    f = std::move(it->second);
+    during_.erase(it);
+  }
+  f();
+}
+
 SimBackend::Stream& SimBackend::stream(StreamHandle handle) { return streams_[handle]; }
 
 DevicePtr SimBackend::take_address(std::size_t bytes, std::size_t alignment) {
@@ -98,15 +111,35 @@ Status SimBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
 }
 
 Status SimBackend::free_segment(DevicePtr ptr, std::size_t bytes) {
+  run_during(SimOp::kFree);
   std::lock_guard lock(mutex_);
   auto it = segments_.find(ptr);
   if (it == segments_.end()) return Status::kInvalidValue;
   if (should_fail(SimOp::kFree)) return Status::kBackendError;
+  if (defer_frees_) {
+    deferred_frees_.emplace_back(ptr, bytes);
+    return Status::kDeferred;
+  }
   give_address(ptr, it->second);
   segments_.erase(it);
   used_ -= bytes;
   ++free_calls_;
   return Status::kOk;
+}
+
+void SimBackend::set_defer_frees(bool defer) {
+  std::lock_guard lock(mutex_);
+  defer_frees_ = defer;
+}
+
+void SimBackend::finish_deferred_frees() {
+  std::vector<std::pair<DevicePtr, std::size_t>> frees;
+  {
+    std::lock_guard lock(mutex_);
+    defer_frees_ = false;
+    frees.swap(deferred_frees_);
+  }
+  free_deferred(frees);
 }
 
 std::unique_ptr<Fence> SimBackend::record_fence(StreamHandle handle) {
@@ -193,6 +226,7 @@ Status SimBackend::map(DevicePtr va, std::size_t bytes) {
 }
 
 Status SimBackend::unmap(DevicePtr va, std::size_t bytes) {
+  run_during(SimOp::kUnmap);
   std::lock_guard lock(mutex_);
   // The range must be covered exactly by whole mappings.
   std::vector<std::map<DevicePtr, std::size_t>::iterator> covered;
@@ -267,6 +301,11 @@ void SimBackend::fail_after(SimOp op, std::size_t calls_from_now) {
 void SimBackend::set_fences_stall(bool stall) {
   std::lock_guard lock(mutex_);
   fences_stall_ = stall;
+}
+
+void SimBackend::during_next(SimOp op, std::function<void()> f) {
+  std::lock_guard lock(mutex_);
+  during_[op] = std::move(f);
 }
 
 std::size_t SimBackend::used_bytes() const { std::lock_guard l(mutex_); return used_; }

@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "allocator/backend.h"
 
@@ -61,6 +63,14 @@ class SimBackend final : public SegmentBackend {
   void fail_after(SimOp op, std::size_t calls_from_now);
   // Fences never complete on their own (a hung device); wait() still runs the streams.
   void set_fences_stall(bool stall);
+  // Runs `f` once, at the next call of `op` (kFree or kUnmap), before that call acts, so the
+  // device still holds the memory: what another context does while that driver call runs.
+  void during_next(SimOp op, std::function<void()> f);
+  // While on, free_segment frees nothing and answers kDeferred, as the driver backend does
+  // during a stream capture; finish_deferred_frees() then frees those segments and tells the
+  // allocator (SegmentBackend::set_freed_later).
+  void set_defer_frees(bool defer);
+  void finish_deferred_frees();
 
   // --- what happened
   std::size_t used_bytes() const;
@@ -82,6 +92,7 @@ class SimBackend final : public SegmentBackend {
   class SimFence;
 
   bool should_fail(SimOp op);
+  void run_during(SimOp op);
   Stream& stream(StreamHandle handle);  // under mutex_
   std::size_t run_locked(StreamHandle handle, std::uint64_t until);
   DevicePtr take_address(std::size_t bytes, std::size_t alignment);
@@ -96,6 +107,9 @@ class SimBackend final : public SegmentBackend {
   std::size_t used_ = 0;
   DevicePtr next_fake_address_ = DevicePtr{1} << 44;
   std::map<SimOp, std::size_t> fail_countdown_;
+  std::map<SimOp, std::function<void()>> during_;
+  bool defer_frees_ = false;
+  std::vector<std::pair<DevicePtr, std::size_t>> deferred_frees_;
   bool fences_stall_ = false;
   std::size_t segment_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0;
   std::size_t device_fences_ = 0, stream_fences_ = 0;

@@ -298,7 +298,7 @@ CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, 
 CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   {
     std::lock_guard lock(mutex);
-    const Status st = allocate(bytes, stream, out, async, /*report_oom=*/!reclaimer);
+    const Status st = allocate(bytes, stream, out, async, reclaimer ? Try::kFirst : Try::kOnly);
     if (st != Status::kOutOfMemory || !reclaimer) return st;
   }
   // Out of memory, not yet reported: memory held elsewhere on the device, given back with no
@@ -306,7 +306,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
   // one more try. set_reclaimer comes before the first allocation: `reclaimer` is read as is.
   const bool more = reclaimer();
   std::lock_guard lock(mutex);
-  if (more) return allocate(bytes, stream, out, async);
+  if (more) return allocate(bytes, stream, out, async, Try::kAgain);
   merge_deltas();
   return out_of_memory(bytes, stream, async);
 }

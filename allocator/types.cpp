@@ -10,6 +10,7 @@ const char* to_string(Status s) {
     case Status::kOutOfMemory: return "out of memory";
     case Status::kBackendError: return "device error";
     case Status::kDeinitialized: return "driver deinitialized";
+    case Status::kDeferred: return "deferred";
   }
   return "unknown";
 }

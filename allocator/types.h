@@ -33,6 +33,7 @@ enum class Status {
   kOutOfMemory,
   kBackendError,   // the device reported something else
   kDeinitialized,  // the driver is shutting down (process exit)
+  kDeferred,       // SegmentBackend::free_segment only: the device takes the memory back later
 };
 
 const char* to_string(Status s);

@@ -217,14 +217,21 @@ bool DriverBackend::dead() const {
 
 void DriverBackend::mark_dead() {
   std::vector<std::shared_ptr<Tail>> tails;  // released after the lock: ~Tail takes it
-  std::lock_guard lock(mutex_);
-  dead_ = true;
-  free_events_.clear();  // destroyed with the context
-  order_mark_.store(nullptr, std::memory_order_relaxed);  // so is this
-  non_blocking_.clear();
-  tails.swap(tails_);
-  mapped_.clear();
-  deferred_frees_.clear();
+  std::size_t deferred = 0;
+  {
+    std::lock_guard lock(mutex_);
+    dead_ = true;
+    free_events_.clear();  // destroyed with the context
+    order_mark_.store(nullptr, std::memory_order_relaxed);  // so is this
+    non_blocking_.clear();
+    tails.swap(tails_);
+    mapped_.clear();
+    for (const auto& [ptr, bytes] : deferred_frees_) deferred += bytes;
+    deferred_frees_.clear();
+  }
+  // The segments whose free waited for a capture's end went with the context: their room
+  // under the limit is free now.
+  if (deferred != 0) freed_later(deferred);
 }
 
 CUevent DriverBackend::take_event() {
@@ -500,21 +507,21 @@ Status DriverBackend::allocate_segment(std::size_t bytes, DevicePtr* out) {
 }
 
 void DriverBackend::flush_deferred_frees() {
-  std::vector<DevicePtr> frees;
+  std::vector<std::pair<DevicePtr, std::size_t>> frees;
   {
     std::lock_guard lock(mutex_);
     if (deferred_frees_.empty() || captures_.any()) return;
     frees.swap(deferred_frees_);
   }
-  for (DevicePtr p : frees) free_segment(p, 0);
+  free_deferred(frees);  // one deferred again (a capture began meanwhile) is parked again
 }
 
-Status DriverBackend::free_segment(DevicePtr ptr, std::size_t /*bytes*/) {
+Status DriverBackend::free_segment(DevicePtr ptr, std::size_t bytes) {
   if (dead()) return Status::kOk;
   if (captures_.any()) {
     std::lock_guard lock(mutex_);
-    deferred_frees_.push_back(ptr);
-    return Status::kOk;
+    deferred_frees_.emplace_back(ptr, bytes);
+    return Status::kDeferred;
   }
   profile::Scope timed(profile::Site::kSegmentFree);
   CurrentContext current(ctx_);

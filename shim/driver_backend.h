@@ -67,6 +67,10 @@ class DriverBackend final : public SegmentBackend {
   // done; its streams are forgotten too.
   void add_green(CUcontext green);
   void remove_green(CUcontext green);
+  // Frees the segments given back while a capture was on, unless one still is. Also done at
+  // this context's next fence or new segment; after the last capture's end, at once
+  // (run_parked), so that their room under the limit does not wait for this context.
+  void flush_deferred_frees();
   // The context is gone: no driver call on its objects any more.
   void mark_dead();
   bool dead() const;
@@ -103,9 +107,9 @@ class DriverBackend final : public SegmentBackend {
   std::atomic<CUevent> order_mark_{nullptr};
   std::vector<std::shared_ptr<Tail>> tails_;
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
-  // Segments given back while a capture was on (cuMemFree would break a global capture).
-  std::vector<DevicePtr> deferred_frees_;
-  void flush_deferred_frees();
+  // Segments given back while a capture was on (cuMemFree would break a global capture), with
+  // their sizes: they count against the limit until freed (backend.h, kDeferred).
+  std::vector<std::pair<DevicePtr, std::size_t>> deferred_frees_;
   // `s` (of context `in`, this one's by default) runs nothing queued from now on before `e`
   // completes (the host waits if it cannot).
   void wait_behind(CUstream s, CUevent e, CUcontext in = nullptr);

@@ -56,6 +56,7 @@ void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked) {
       f.owner->allocator.free(p, FreeOrder::kDevice, kNoStream, f.async);
     }
   }
+  for (ContextState* s : ps.contexts.live()) s->backend.flush_deferred_frees();
 }
 
 }  // namespace cudalloc::shim

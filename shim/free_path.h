@@ -16,6 +16,7 @@ inline CUresult to_cuda(Status s) {
     case Status::kOutOfMemory: return CUDA_ERROR_OUT_OF_MEMORY;
     case Status::kDeinitialized: return CUDA_ERROR_DEINITIALIZED;
     case Status::kBackendError: return CUDA_ERROR_UNKNOWN;
+    case Status::kDeferred: break;  // a backend's answer (backend.h), never the allocator's
   }
   return CUDA_ERROR_UNKNOWN;
 }
@@ -55,7 +56,8 @@ inline bool free_live(ProcessState& ps, CUdeviceptr ptr, bool async, StreamInfo*
   return false;
 }
 
-// Runs frees parked during a capture that just ended.
+// Runs frees parked during a capture that just ended; after the last one, also the segment
+// frees cudalloc deferred meanwhile (DriverBackend::flush_deferred_frees).
 void run_parked(ProcessState& ps, const std::vector<ParkedFree>& parked);
 
 }  // namespace cudalloc::shim

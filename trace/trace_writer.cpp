@@ -31,6 +31,7 @@ const char* trace_result_name(Status s) noexcept {
     case Status::kOutOfMemory: return "out_of_memory";
     case Status::kBackendError: return "device_error";
     case Status::kDeinitialized: return "deinitialized";
+    case Status::kDeferred: break;  // a backend's answer (backend.h), never a call's result
   }
   return "device_error";
 }

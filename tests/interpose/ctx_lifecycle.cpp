@@ -1,6 +1,6 @@
 // Context lifecycle with several contexts and devices, one scenario per process (argv[1]); run
 // with 2 fake devices. Each fails under cudalloc as it was before the fix named in it, and
-// passes without the preload (but limit_two_ctx, whose limit is cudalloc's own).
+// passes without the preload (but the limit_* scenarios, whose limit is cudalloc's own).
 //   destroy_primary   cuCtxDestroy of a primary context is refused: its blocks stay cudalloc's
 //   getinfo_two_ctx   cuMemGetInfo counts the idle cached bytes of every context on the device
 //   capture_reset     a device reset mid-capture ends the capture for cudalloc too
@@ -10,6 +10,11 @@
 //                     not memory of the current context
 //   limit_two_ctx     (CUDALLOC_CONF=memory_limit_mb:64) the limit bounds the process: two
 //                     contexts on one device share it, and a destroyed context's memory frees it
+//   limit_capture     (CUDALLOC_CONF=memory_limit_mb:64) a segment given back during a stream
+//                     capture, whose cuMemFree waits for the capture's end, keeps its room
+//                     under the limit until then
+//   limit_capture_reset  (the same limit) such a segment's room comes back when its context is
+//                     reset before the capture's end
 //   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
 //                     memory idle in its cache gets that memory
 //   reclaim_fails     a request no release can make room for fails, after the other context's
@@ -60,6 +65,14 @@ static void cached_in_other_context(Client& c, std::size_t bytes) {
   CHECK_OR_DIE(c.api.cuMemFree_v2(a) == CUDA_SUCCESS);
   CUcontext popped = nullptr;
   CHECK_OR_DIE(pop(&popped) == CUDA_SUCCESS);  // the primary context, same device
+}
+
+// `bytes` allocated and freed on `s`, so that they lie idle in the cache as a segment of their
+// own (a stream-ordered free on the block's own stream needs no fence).
+static void idle_segment_on(Client& c, CUstream s, std::size_t bytes) {
+  CUdeviceptr a = 0;
+  CHECK_OR_DIE(c.api.cuMemAllocAsync(&a, bytes, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFreeAsync(a, s) == CUDA_SUCCESS);
 }
 
 int main(int argc, char** argv) {
@@ -121,6 +134,48 @@ int main(int argc, char** argv) {
     const bool ok = over == CUDA_ERROR_OUT_OF_MEMORY && total_bytes == 64 * MiB && free_bytes <= 24 * MiB &&
                     after == CUDA_SUCCESS && usable(c, d, 40 * MiB);
     return ok ? 0 : 1;
+  }
+
+  if (what == "limit_capture") {  // memory_limit_mb:64
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    idle_segment_on(c, s, 40 * MiB);
+    c.reset_stats();  // the peak from here
+    CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    // The 40 MiB segment goes back to make room, but its cuMemFree must wait for the capture.
+    CUdeviceptr b = 0;
+    const CUresult during = c.api.cuMemAlloc_v2(&b, 50 * MiB);
+    const std::size_t peak = c.snapshot().peak_bytes_in_use;
+    CUgraph graph = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+    if (during == CUDA_SUCCESS) CHECK_OR_DIE(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 50 * MiB);  // the capture is over: freed now
+    std::fprintf(stderr, "limit_capture: 50 MiB during the capture: %d (want %d), device memory at most %zu MiB; "
+                 "after its end: %d\n", during, CUDA_ERROR_OUT_OF_MEMORY, std::size_t(peak / MiB), after);
+    return during == CUDA_ERROR_OUT_OF_MEMORY && peak <= 64 * MiB && after == CUDA_SUCCESS && usable(c, d, 50 * MiB)
+               ? 0 : 1;
+  }
+
+  if (what == "limit_capture_reset") {  // memory_limit_mb:64, FAKE_CUDA_DEVICES=2: device 1
+    CUcontext ctx1 = nullptr;
+    CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    idle_segment_on(c, s, 40 * MiB);
+    CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+    CUdeviceptr b = 0;
+    const CUresult during = c.api.cuMemAlloc_v2(&b, 50 * MiB);  // gives the 40 MiB back, parked
+    // cudaDeviceReset mid-capture: the context takes its memory, parked or not, with it.
+    CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 60 * MiB);
+    std::fprintf(stderr, "limit_capture_reset: 50 MiB during the capture: %d; 60 MiB after the reset: %d\n",
+                 during, after);
+    return after == CUDA_SUCCESS && usable(c, d, 60 * MiB) ? 0 : 1;
   }
 
   if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048

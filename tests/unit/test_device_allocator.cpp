@@ -34,6 +34,27 @@ struct Fixture {
   std::int64_t stat(const char* key) { return alloc.stats().to_map().at(key); }
 };
 
+// Two contexts of one device: allocators, each on a simulated backend of its own, that share
+// one budget under kLimit. Tests name the parts with references (a structured binding cannot
+// be captured by a lambda before C++20, nor by clang 14's).
+struct TwoContexts {
+  static constexpr std::size_t kLimit = 64 * kMiB;
+  static AllocatorOptions limited(bool expandable) {
+    AllocatorOptions o;
+    o.memory_limit_bytes = kLimit;
+    o.expandable_segments = expandable;
+    return o;
+  }
+  explicit TwoContexts(bool a_expandable = false, bool b_expandable = false)
+      : a(limited(a_expandable)), b(limited(b_expandable)) {
+    a.alloc.share_budget(budget);
+    b.alloc.share_budget(budget);
+  }
+  std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
+  Fixture a;
+  Fixture b;
+};
+
 }  // namespace
 
 TEST_CASE("a zero-byte request is the driver's invalid value and allocates nothing") {
@@ -684,15 +705,9 @@ TEST_CASE("find describes the block around an interior pointer") {
 TEST_CASE("allocators that share a device budget are bounded together by the limit") {
   // Two contexts of one device: the limit is the process's, whichever allocator holds the
   // memory, plain or expandable; a context's end gives its memory back to the budget.
-  AllocatorOptions o;
-  o.memory_limit_bytes = 64 * kMiB;
-  auto budget = std::make_shared<DeviceBudget>();
-  Fixture a(o);
-  AllocatorOptions ox = o;
-  ox.expandable_segments = true;
-  Fixture b(ox);
-  a.alloc.share_budget(budget);
-  b.alloc.share_budget(budget);
+  TwoContexts two(/*a_expandable=*/false, /*b_expandable=*/true);
+  auto& budget = two.budget;
+  Fixture &a = two.a, &b = two.b;
   const DevicePtr pa = a.get(40 * kMiB);
   DevicePtr pb = 0;
   CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOutOfMemory);
@@ -718,17 +733,76 @@ TEST_CASE("allocators that share a device budget are bounded together by the lim
   CHECK(budget->held() == static_cast<std::size_t>(a.alloc.stats().reserved_bytes[kStatAll].current));
 }
 
+TEST_CASE("a segment's room under a shared limit comes back only once the device took the memory back") {
+  // Two contexts of one device under one limit. While one gives idle memory back (a plain
+  // segment, or an expandable chunk), the other asks for the same room: the device still
+  // holds the memory, so the room is not free yet; and memory the device refuses to take
+  // back keeps its room for good.
+  const bool expandable = GENERATE(false, true);
+  CAPTURE(expandable);
+  const SimOp op = expandable ? SimOp::kUnmap : SimOp::kFree;
+  TwoContexts two(expandable);
+  auto& budget = two.budget;
+  Fixture &a = two.a, &b = two.b;
+  REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kCompleted) == Status::kOk);  // idle in a's cache
+  Status during = Status::kOk;
+  DevicePtr pb = 0;
+  std::size_t on_device = 0;
+  a.sim.during_next(op, [&] {
+    during = b.alloc.allocate(40 * kMiB, kNoStream, &pb);
+    on_device = a.sim.used_bytes() + b.sim.used_bytes();
+  });
+  SECTION("the device takes it back") {
+    a.alloc.release_cached();
+    CHECK(a.sim.used_bytes() == 0);
+    CHECK(during == Status::kOutOfMemory);
+    CHECK(on_device <= TwoContexts::kLimit);
+    CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOk);  // now the room is free
+  }
+  SECTION("the device refuses it") {
+    a.sim.fail_after(op, 0);
+    a.alloc.release_cached();
+    CHECK(a.sim.used_bytes() == 40 * kMiB);
+    CHECK(during == Status::kOutOfMemory);
+    CHECK(on_device <= TwoContexts::kLimit);
+    CHECK(budget->held() == a.sim.used_bytes() + b.sim.used_bytes());
+    CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &pb) == Status::kOutOfMemory);
+  }
+}
+
+TEST_CASE("a segment the backend frees later keeps its room under the limit until then") {
+  // The driver backend defers cuMemFree during a stream capture (kDeferred): the device still
+  // holds the memory, so neither context of the device may have its room before the backend
+  // says it is freed, and an out-of-memory report in between says where the room went.
+  TwoContexts two;
+  auto& budget = two.budget;
+  Fixture &a = two.a, &b = two.b;
+  REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kCompleted) == Status::kOk);
+  a.sim.set_defer_frees(true);
+  CHECK(a.alloc.release_cached() == 40 * kMiB);  // out of the cache...
+  CHECK(a.stat("reserved_bytes.all.current") == 0);
+  CHECK(a.sim.used_bytes() == 40 * kMiB);  // ...but still the device's
+  DevicePtr p = 0;
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+  REQUIRE(b.alloc.last_oom().has_value());
+  CHECK(b.alloc.last_oom()->held_elsewhere == 40 * kMiB);
+  CHECK(a.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOutOfMemory);
+  REQUIRE(a.alloc.last_oom().has_value());
+  CHECK(a.alloc.last_oom()->freeing == 40 * kMiB);
+  CHECK(a.alloc.last_oom()->held_elsewhere == 0);
+  CHECK(a.alloc.last_oom()->message().find("40.00 MiB given back but not yet freed") != std::string::npos);
+  a.sim.finish_deferred_frees();
+  CHECK(a.sim.used_bytes() == 0);
+  CHECK(budget->held() == 0);
+  CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
+}
+
 TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
   // Two contexts of one device under one limit: the other's idle cache, released by the
   // reclaimer with no lock of the asking allocator held, serves the request, and only a
   // request that still fails is an OOM (once).
-  AllocatorOptions o;
-  o.memory_limit_bytes = 64 * kMiB;
-  auto budget = std::make_shared<DeviceBudget>();
-  Fixture a(o);
-  Fixture b(o);
-  a.alloc.share_budget(budget);
-  b.alloc.share_budget(budget);
+  TwoContexts two;
+  Fixture &a = two.a, &b = two.b;
   struct Recorder : AllocatorObserver {
     int ooms = 0;
     void on_event(const AllocatorEvent& e) noexcept override { ooms += e.kind == EventKind::kOom; }
@@ -762,6 +836,35 @@ TEST_CASE("a reclaimer's memory serves a request before it counts as out of memo
   CHECK(b.stat("num_ooms") == 2);
   CHECK(rec.ooms == 2);
   b.alloc.set_observer(nullptr);
+}
+
+TEST_CASE("a request tried again after the reclaimer counts one retry and one locked allocation") {
+  // The reclaimer's try runs the ladder a second time; the statistics count requests, as
+  // PyTorch's num_alloc_retries does, not runs of the ladder.
+  TwoContexts two;
+  Fixture &a = two.a, &b = two.b;
+  int asked = 0;
+  b.alloc.set_reclaimer([&] {
+    ++asked;
+    return a.alloc.release_cached() != 0;
+  });
+  Status want = Status::kOk;
+  SECTION("served after the reclaim") {
+    REQUIRE(a.alloc.free(a.get(40 * kMiB), FreeOrder::kDevice) == Status::kOk);
+  }
+  SECTION("still out of memory after the reclaim") {
+    REQUIRE(a.alloc.free(a.get(10 * kMiB), FreeOrder::kDevice) == Status::kOk);
+    a.get(40 * kMiB);  // live: no release makes room for 40 more
+    want = Status::kOutOfMemory;
+  }
+  const auto before = b.alloc.stats();
+  DevicePtr p = 0;
+  REQUIRE(b.alloc.allocate(40 * kMiB, kNoStream, &p) == want);
+  REQUIRE(asked == 1);
+  const auto after = b.alloc.stats();
+  CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
+  CHECK(after.num_locked_allocs == before.num_locked_allocs + 1);
+  CHECK(after.num_ooms == before.num_ooms + (want == Status::kOutOfMemory ? 1 : 0));
 }
 
 TEST_CASE("release_cached returns every idle segment and waits for pending frees") {

@@ -21,21 +21,27 @@ enum class BlockState : std::uint8_t {
   kCached,     // free, held in a thread's cache for reuse on its stream
 };
 
-// The hot path moves a block it owns between allocated, cached and pending without the
-// allocator's lock, while the locked path may read that state when it coalesces a neighbour.
-// Only the locked path ever sets kFree, so a relaxed atomic is enough to make that read defined.
-class BlockStateCell {
+// A field the hot path writes without the allocator's lock while the locked path may read (or,
+// for a live block's buffer id, write) it: a relaxed atomic makes that access defined, at the
+// cost of a plain load or store. Copyable, as the block is.
+template <typename T>
+class RelaxedCell {
  public:
-  BlockStateCell(BlockState s = BlockState::kFree) : v_(s) {}
-  BlockStateCell(const BlockStateCell& o) : v_(o.load()) {}
-  BlockStateCell& operator=(const BlockStateCell& o) { v_.store(o.load(), std::memory_order_relaxed); return *this; }
-  BlockStateCell& operator=(BlockState s) { v_.store(s, std::memory_order_relaxed); return *this; }
-  operator BlockState() const { return load(); }
-  BlockState load() const { return v_.load(std::memory_order_relaxed); }
+  RelaxedCell(T v = T{}) : v_(v) {}
+  RelaxedCell(const RelaxedCell& o) : v_(o.load()) {}
+  RelaxedCell& operator=(const RelaxedCell& o) { v_.store(o.load(), std::memory_order_relaxed); return *this; }
+  RelaxedCell& operator=(T v) { v_.store(v, std::memory_order_relaxed); return *this; }
+  operator T() const { return load(); }
+  T load() const { return v_.load(std::memory_order_relaxed); }
 
  private:
-  std::atomic<BlockState> v_;
+  std::atomic<T> v_;
 };
+
+// The hot path moves a block it owns between allocated, cached and pending without the
+// allocator's lock, while the locked path may read that state when it coalesces a neighbour.
+// Only the locked path ever sets kFree.
+using BlockStateCell = RelaxedCell<BlockState>;
 
 // A contiguous piece of a segment. Blocks of a segment form an address-ordered list.
 // A cache line of its own: threads of cudaMalloc take neighbouring blocks of one segment
@@ -54,16 +60,24 @@ struct alignas(64) Block {
   BlockStateCell state;
   PoolKind pool = PoolKind::kSmall;       // its segment's, copied here for the hot path
   bool mapped = true;                     // false: unbacked address space of an expandable segment
+  // Cleared at each hand-out; set when the hand-out's buffer id is first asked for. A one-byte
+  // store beside `state` is all a cached allocate pays for buffer ids (buffer_id, below).
+  RelaxedCell<bool> has_buffer_id;
   int pending_fences = 0;                 // fences still to complete before reuse
   // ---- second line
   Segment* segment = nullptr;
   Block* prev = nullptr;
   Block* next = nullptr;
   const void* taker = nullptr;            // large blocks: the thread cache of the thread that took it
+  // CU_POINTER_ATTRIBUTE_BUFFER_ID of the current hand-out, valid while has_buffer_id: taken
+  // from a process-wide counter when first asked for (DeviceAllocator::find), under the lock.
+  std::uint64_t buffer_id = 0;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 static_assert(offsetof(Block, pending_fences) + sizeof(int) <= 64, "the hot fields fill the first line");
+static_assert(sizeof(RelaxedCell<bool>) == 1 && offsetof(Block, has_buffer_id) < offsetof(Block, pending_fences),
+              "has_buffer_id fills the first line's padding");
 
 // One allocation from the device, cut into blocks. An expandable segment is instead a range of
 // reserved address space, mapped chunk by chunk as it grows; its blocks cover the whole range.

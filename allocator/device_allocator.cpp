@@ -20,6 +20,15 @@ namespace {
 
 std::atomic<std::uint64_t> next_allocator_id{1};
 
+// Buffer ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of the blocks handed out, one per hand-out, never
+// reused in the process: natively every allocation has its own, and registration caches (UCX,
+// MPI, NCCL) key on it to notice that an address now belongs to another allocation. One
+// counter for every allocator of the process; the top bit keeps them apart from the driver's
+// own ids, which count from 1. A hand-out takes its id when the program first asks for it, not
+// when the block is handed out: a cached allocate only clears the block's has_buffer_id.
+constexpr std::uint64_t kBufferIdMark = std::uint64_t{1} << 63;
+std::atomic<std::uint64_t> last_buffer_id{kBufferIdMark};
+
 }  // namespace
 
 using Impl = DeviceAllocator::Impl;
@@ -46,6 +55,7 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   if (sizes.should_split(b->size, rounded, b->segment->pool)) blocks.insert(FreeBlocks::split_at(b, rounded));
   b->state = BlockState::kAllocated;
   b->requested = requested;
+  b->has_buffer_id = false;
   // Its free parks it in this thread's large bins only if this thread took it.
   if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
   account_alloc(stats, b, sizes.is_oversize(b->size));
@@ -225,9 +235,15 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
   std::lock_guard lock(impl_->mutex);
   const Segment* s = impl_->segments.containing(ptr);
   if (s == nullptr) return std::nullopt;
-  const Block* b = SegmentTable::block_containing(*s, ptr);
+  Block* b = SegmentTable::block_containing(*s, ptr);
   if (b == nullptr || b->state != BlockState::kAllocated) return std::nullopt;
-  return AllocationInfo{b->ptr, b->size, b->requested, b->stream, s->base, s->size};
+  // The lock orders this with every other query; the hot path, which clears the flag, hands
+  // out only blocks that are not allocated.
+  if (!b->has_buffer_id) {
+    b->buffer_id = last_buffer_id.fetch_add(1, std::memory_order_relaxed) + 1;
+    b->has_buffer_id = true;
+  }
+  return AllocationInfo{b->ptr, b->size, b->requested, b->stream, s->base, s->size, b->buffer_id};
 }
 
 CUDALLOC_HOT bool DeviceAllocator::owns(DevicePtr ptr) const {

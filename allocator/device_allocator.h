@@ -36,6 +36,9 @@ struct AllocationInfo {
   StreamHandle stream = 0;      // the stream it was allocated for (kNoStream: cudaMalloc)
   DevicePtr segment_base = 0;
   std::size_t segment_size = 0;
+  // CU_POINTER_ATTRIBUTE_BUFFER_ID: this hand-out's own, the same at every query while it is
+  // live, never another hand-out's; top bit set (the driver's own ids count from 1).
+  std::uint64_t buffer_id = 0;
 };
 
 // Thread-safe. A cached allocate and free use only the calling thread's cache and a shard of

@@ -213,10 +213,12 @@ void Impl::drain_own_large() {
 
 namespace {
 
-// The block leaves this thread's bins for the program; statistics only. Under the cache's lock.
+// The block leaves this thread's bins for the program, as a new hand-out with no buffer id yet
+// (find() takes one when asked); statistics. Under the cache's lock.
 CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_t bytes) {
   b->state = BlockState::kAllocated;
   b->requested = bytes;
+  b->has_buffer_id = false;
   cache.delta().alloc(b, m.sizes.is_oversize(b->size));
   ++cache.hits;
 }

@@ -290,8 +290,13 @@ CUDALLOC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size
 }
 
 namespace {
-// Fills a range attribute of a cached block; false for any other attribute.
+// Fills an attribute of a cached block that is the block's, not its segment's (its range, its
+// buffer id); false for any other attribute.
 bool block_attribute(const AllocationInfo& info, CUpointer_attribute attr, void* data) {
+  if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID) {
+    *static_cast<unsigned long long*>(data) = info.buffer_id;
+    return true;
+  }
   if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
     *static_cast<CUdeviceptr*>(data) = static_cast<CUdeviceptr>(info.base);
     return true;

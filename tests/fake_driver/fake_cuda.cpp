@@ -2584,6 +2584,13 @@ FK_API void fakecuda_stats(fakecuda_stats_t* out) {
     out->peak_bytes_in_use = std::max(a.peak, out->bytes_in_use);
 }
 
+FK_API CUresult fakecuda_native_pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    bool known;
+    return pointer_attr_locked(attribute, data, ptr, &known);
+}
+
 FK_API void fakecuda_reset_stats(void) {
     uint64_t used = 0;
     {

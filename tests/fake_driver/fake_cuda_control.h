@@ -47,6 +47,9 @@ uint64_t fakecuda_call_count(const char* api);
 void fakecuda_fail_next(const char* api, int after_n_calls, CUresult code);
 // Drops all pending fault injections.
 void fakecuda_clear_failures(void);
+// cuPointerGetAttribute as the driver answers it, past any interposer: the driver's own
+// allocation around `ptr` (for a caching allocator's block, its segment).
+CUresult fakecuda_native_pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
 
 // "Kernels".  Enqueued on `stream` (0 = legacy default stream, CU_STREAM_PER_THREAD = the
 // calling thread's per-thread stream) with the usual stream semantics.  When the stream
@@ -67,6 +70,7 @@ typedef void (*fakecuda_reset_stats_fn)(void);
 typedef uint64_t (*fakecuda_call_count_fn)(const char*);
 typedef void (*fakecuda_fail_next_fn)(const char*, int, CUresult);
 typedef void (*fakecuda_clear_failures_fn)(void);
+typedef CUresult (*fakecuda_native_pointer_attribute_fn)(void*, CUpointer_attribute, CUdeviceptr);
 typedef CUresult (*fakecuda_launch_write_fn)(CUstream, CUdeviceptr, size_t, unsigned char, unsigned);
 typedef CUresult (*fakecuda_launch_fill_check_fn)(CUstream, CUdeviceptr, size_t, unsigned char,
                                                    unsigned, unsigned long long*);

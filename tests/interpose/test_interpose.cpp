@@ -195,6 +195,149 @@ TEST_CASE("a freed block's memory is not a valid pointer, though its segment sta
   REQUIRE(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
 }
 
+namespace {
+
+// CU_POINTER_ATTRIBUTE_BUFFER_ID through cuPointerGetAttribute; 0 where it fails.
+unsigned long long buffer_id(Client& c, CUdeviceptr p) {
+  unsigned long long id = 0;
+  return c.api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) == CUDA_SUCCESS ? id : 0;
+}
+
+// The same through cuPointerGetAttributes, beside the range start; 0 where it fails.
+unsigned long long buffer_id_plural(Client& c, CUdeviceptr p) {
+  auto* attrs = c.get<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>("cuPointerGetAttributes");
+  REQUIRE(attrs != nullptr);
+  CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  CUdeviceptr start = 0;
+  unsigned long long id = 12345;
+  void* out[2] = {&start, &id};
+  return attrs(2, which, out, p) == CUDA_SUCCESS ? id : 0;
+}
+
+// What the driver itself answers for `p` (for a cached block: its segment's), past cudalloc.
+template <typename T>
+T native_attribute(Client& c, CUpointer_attribute attr, CUdeviceptr p) {
+  auto* native = reinterpret_cast<fakecuda_native_pointer_attribute_fn>(
+      dlsym(c.rt.handle, "fakecuda_native_pointer_attribute"));
+  REQUIRE(native != nullptr);
+  T value{};
+  REQUIRE(native(&value, attr, p) == CUDA_SUCCESS);
+  return value;
+}
+
+constexpr unsigned long long kCudallocIdBit = 1ull << 63;
+
+}  // namespace
+
+// Natively every allocation has a buffer id of its own, never reused in the process; registration
+// caches (UCX, MPI, NCCL) key on it to see that an address now belongs to another allocation.
+TEST_CASE("each hand-out of a cached block has a buffer id of its own", "[semantics]") {
+  Client& c = client::client();
+  // Blocks of one segment (the driver's allocation around them is the same).
+  std::vector<CUdeviceptr> live;
+  for (int i = 0; i < 8; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+    live.push_back(p);
+  }
+  bool shared_segment = false;
+  std::set<unsigned long long> ids;
+  for (CUdeviceptr p : live) {
+    const unsigned long long id = buffer_id(c, p);
+    INFO("block 0x" << std::hex << p << " id 0x" << id);
+    CHECK((id & kCudallocIdBit) != 0);  // never one of the driver's, which count from 1
+    CHECK(id != native_attribute<unsigned long long>(c, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+    // The same at every query while the block lives, interior pointers and the plural call included.
+    CHECK(buffer_id(c, p + 100) == id);
+    CHECK(buffer_id_plural(c, p + 4095) == id);
+    CHECK(buffer_id(c, p) == id);
+    ids.insert(id);
+    for (CUdeviceptr q : live) {
+      shared_segment |= q != p && native_attribute<CUdeviceptr>(c, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q) ==
+                                      native_attribute<CUdeviceptr>(c, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    }
+  }
+  CHECK(shared_segment);
+  CHECK(ids.size() == live.size());
+
+  // Freed: as natively for freed memory (cudalloc's answer for a freed block is unchanged).
+  const CUdeviceptr gone = live.back();
+  live.pop_back();
+  REQUIRE(c.api.cuMemFree_v2(gone) == CUDA_SUCCESS);
+  unsigned long long id = 7;
+  CHECK(c.api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, gone) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(buffer_id_plural(c, gone) == 0);  // the driver's answer for memory that is not CUDA's
+  for (CUdeviceptr p : live) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+
+  // A block freed and handed out again at the same address is a new allocation, from the
+  // thread's cache (stream order: the same block at once) and from the locked path (past the
+  // thread caches' bound).
+  CUstream s = make_stream(c, CU_STREAM_NON_BLOCKING);
+  for (size_t n : {size_t{4096}, size_t{3} << 20, size_t{300} << 20}) {
+    INFO("size " << n);
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAllocAsync(&p, n, s) == CUDA_SUCCESS);
+    std::set<unsigned long long> seen{buffer_id(c, p)};
+    for (int round = 0; round < 3; ++round) {
+      REQUIRE(c.api.cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+      CUdeviceptr again = 0;
+      REQUIRE(c.api.cuMemAllocAsync(&again, n, s) == CUDA_SUCCESS);
+      REQUIRE(again == p);
+      const unsigned long long fresh = buffer_id(c, p);
+      CHECK((fresh & kCudallocIdBit) != 0);
+      CHECK(seen.insert(fresh).second);
+      CHECK(buffer_id_plural(c, p) == fresh);
+    }
+    REQUIRE(c.api.cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  }
+  REQUIRE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
+}
+
+TEST_CASE("buffer ids of blocks handed out on several threads never collide", "[semantics]") {
+  Client& c = client::client();
+  constexpr int kThreads = 6;
+  constexpr int kRounds = 300;
+  std::vector<std::vector<unsigned long long>> ids(kThreads);
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      if (c.api.cuCtxSetCurrent(c.ctx) != CUDA_SUCCESS) {
+        ++failures[t];
+        return;
+      }
+      for (int r = 0; r < kRounds; ++r) {
+        // Two live blocks at a time, by cudaMalloc and in stream order: cached hand-outs of
+        // blocks of shared segments, and the locked path's at the start.
+        CUdeviceptr a = 0, b = 0;
+        const size_t n = 512 * (1 + (r + t) % 4);
+        if (c.api.cuMemAlloc_v2(&a, n) != CUDA_SUCCESS || c.api.cuMemAllocAsync_ptsz(&b, n, nullptr) != CUDA_SUCCESS) {
+          ++failures[t];
+          return;
+        }
+        const unsigned long long ia = buffer_id(c, a), ib = buffer_id(c, b);
+        if (ia == 0 || ib == 0 || buffer_id(c, a) != ia) ++failures[t];
+        ids[t].push_back(ia);
+        ids[t].push_back(ib);
+        if (c.api.cuMemFree_v2(a) != CUDA_SUCCESS || c.api.cuMemFreeAsync_ptsz(b, nullptr) != CUDA_SUCCESS) {
+          ++failures[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<unsigned long long> all;
+  size_t total = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    CHECK(failures[t] == 0);
+    total += ids[t].size();
+    all.insert(ids[t].begin(), ids[t].end());
+  }
+  CHECK(total == size_t{2} * kThreads * kRounds);
+  CHECK(all.size() == total);
+}
+
 TEST_CASE("cuMemAllocPitch validates and rounds like the driver", "[semantics]") {
   Client& c = client::client();
   auto* pitch_alloc = c.get<CUresult (*)(CUdeviceptr*, size_t*, size_t, size_t, unsigned)>("cuMemAllocPitch");

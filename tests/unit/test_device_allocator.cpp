@@ -702,6 +702,43 @@ TEST_CASE("find describes the block around an interior pointer") {
   CHECK_FALSE(f.alloc.owns(0x42));
 }
 
+TEST_CASE("each hand-out has a buffer id of its own, kept while it lives") {
+  // Plain and expandable segments, with and without the thread caches: the hot path, the
+  // locked path's split blocks and whole segments.
+  for (const bool expandable : {false, true}) {
+    for (const bool cached : {true, false}) {
+      INFO("expandable " << expandable << ", thread cache " << cached);
+      AllocatorOptions o;
+      o.expandable_segments = expandable;
+      o.thread_cache = cached;
+      Fixture f(o);
+      Fixture other(o);  // another context's allocator: its ids are apart from these
+      std::set<std::uint64_t> seen;
+      auto id_of = [](Fixture& x, DevicePtr p) {
+        auto info = x.alloc.find(p);
+        REQUIRE(info.has_value());
+        CHECK(info->buffer_id >> 63 == 1);  // apart from the driver's own ids
+        CHECK(x.alloc.find(p + 1)->buffer_id == info->buffer_id);  // stable while it lives
+        return info->buffer_id;
+      };
+      for (std::size_t n : {std::size_t{4096}, 3 * kMiB, 30 * kMiB}) {
+        const DevicePtr a = f.get(n, kStreamA);
+        const DevicePtr b = f.get(n, kStreamA);  // same segment as `a` when n is small
+        const DevicePtr c = other.get(n, kStreamA);
+        CHECK(seen.insert(id_of(f, a)).second);
+        CHECK(seen.insert(id_of(f, b)).second);
+        CHECK(seen.insert(id_of(other, c)).second);
+        for (int round = 0; round < 3; ++round) {
+          REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA) == Status::kOk);
+          CHECK_FALSE(f.alloc.find(a).has_value());
+          REQUIRE(f.get(n, kStreamA) == a);  // the same block, a new hand-out
+          CHECK(seen.insert(id_of(f, a)).second);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("allocators that share a device budget are bounded together by the limit") {
   // Two contexts of one device: the limit is the process's, whichever allocator holds the
   // memory, plain or expandable; a context's end gives its memory back to the budget.

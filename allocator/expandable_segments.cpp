@@ -111,7 +111,22 @@ std::size_t ExpandableSegments::unmap_all_free_chunks(std::size_t stop_below) {
   if (!any || !backend_.record_device_fence()->wait()) return 0;
   std::size_t released = 0;
   for (auto& [key, s] : by_key_) released += unmap_free_chunks(s, stop_below);
+  std::erase_if(by_key_, [this](const auto& entry) { return release_address(entry.second); });
   return released;
+}
+
+// A segment with nothing mapped gives its address range back: each holds the device's memory
+// plus the limit in address space, and streams that come and go would otherwise use it all up.
+bool ExpandableSegments::release_address(Segment* s) {
+  Block* b = s->first;
+  if (!s->chunks.empty() || b == nullptr || b->next != nullptr || b->mapped || b->state != BlockState::kFree) {
+    return false;
+  }
+  if (backend_.free_address(s->base, s->size) != Status::kOk) return false;
+  blocks_.erase(b);
+  sub_stat(stats_.segment, s->pool, 1);
+  segments_.remove(s);
+  return true;
 }
 
 }  // namespace cudalloc

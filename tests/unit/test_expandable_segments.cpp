@@ -248,3 +248,33 @@ TEST_CASE("growth maps where the fewest new bytes complete the request, not at t
   std::memset(reinterpret_cast<void*>(p), 7, 24 * kMiB);
   for (DevicePtr q : {p, live, other}) f.alloc->free(q, FreeOrder::kCompleted);
 }
+
+TEST_CASE("a segment with nothing mapped left gives its address range back") {
+  // Each (stream, pool) reserves the device's memory plus the limit in address space. Kept
+  // for good, streams that come and go (a stream per request) would use up the address space,
+  // and every new stream's first allocation would then fail.
+  Fixture f;
+  std::vector<DevicePtr> gone;
+  for (StreamHandle s = 0x100; s < 0x108; ++s) {
+    gone.push_back(f.get(4 * kMiB, s));
+    f.alloc->free(gone.back(), FreeOrder::kStream, s);
+  }
+  const DevicePtr kept = f.get(4 * kMiB, 0x200);
+  const std::size_t one = f.sim.reserved_address_bytes() / 9;
+  CHECK(one >= 1 * kGiB);
+  f.alloc->release_cached();
+  CHECK(f.sim.used_bytes() == 4 * kMiB);
+  CHECK(f.sim.reserved_address_bytes() == one);  // only the segment with a live block
+  CHECK(f.stat("segment.all.current") == 1);
+  for (DevicePtr p : gone) CHECK_FALSE(f.alloc->owns(p));
+  // A stream whose range went back gets a new one at its next allocation.
+  const DevicePtr again = f.get(4 * kMiB, 0x100);
+  std::memset(reinterpret_cast<void*>(again), 5, 4 * kMiB);
+  CHECK(f.sim.reserved_address_bytes() == 2 * one);
+  f.alloc->free(again, FreeOrder::kCompleted);
+  f.alloc->free(kept, FreeOrder::kCompleted);
+  f.alloc->release_cached();
+  CHECK(f.sim.reserved_address_bytes() == 0);
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK(f.stat("segment.all.current") == 0);
+}

@@ -32,29 +32,37 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
   Segment* s = segment_for(stream, kind);
   if (s == nullptr) return nullptr;
   const std::size_t g = backend_.vm_granularity();
-  for (Block* u = s->first; u != nullptr; u = u->next) {
-    if (u->mapped || u->state != BlockState::kFree) continue;
-    Block* before = u->prev;
+  // The unmapped range that needs the fewest new bytes: a hole given back earlier may come
+  // first, yet mapping the whole request there can pass the limit where growing behind a free
+  // mapped block would not.
+  Block* u = nullptr;
+  std::size_t need = 0;
+  for (Block* c = s->first; c != nullptr; c = c->next) {
+    if (c->mapped || c->state != BlockState::kFree) continue;
+    Block* before = c->prev;
     const std::size_t have =
         before != nullptr && before->mapped && before->state == BlockState::kFree ? before->size : 0;
-    if (have + u->size < rounded) continue;
-    const std::size_t need = std::min(u->size, (rounded - have + g - 1) / g * g);
-    if (!ledger_.claim(need)) return nullptr;
-    if (const Status st = backend_.map(u->ptr, need); st != Status::kOk) {
-      ledger_.unclaim(need);
-      ledger_.note_device_error(st);
-      return nullptr;
+    if (have + c->size < rounded) continue;
+    const std::size_t n = std::min(c->size, (rounded - have + g - 1) / g * g);
+    if (u == nullptr || n < need) {
+      u = c;
+      need = n;
     }
-    s->chunks.emplace(u->ptr, need);
-    segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
-    ledger_.note_device_alloc(kind, stream, u->ptr, need);
-    blocks_.erase(u);
-    if (u->size > need) blocks_.insert(FreeBlocks::split_at(u, need));
-    u->mapped = true;
-    blocks_.make_reusable(u);  // joins the free block before it
-    return blocks_.find(stream, rounded, kind);
   }
-  return nullptr;
+  if (u == nullptr || !ledger_.claim(need)) return nullptr;
+  if (const Status st = backend_.map(u->ptr, need); st != Status::kOk) {
+    ledger_.unclaim(need);
+    ledger_.note_device_error(st);
+    return nullptr;
+  }
+  s->chunks.emplace(u->ptr, need);
+  segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
+  ledger_.note_device_alloc(kind, stream, u->ptr, need);
+  blocks_.erase(u);
+  if (u->size > need) blocks_.insert(FreeBlocks::split_at(u, need));
+  u->mapped = true;
+  blocks_.make_reusable(u);  // joins the free block before it
+  return blocks_.find(stream, rounded, kind);
 }
 
 // The free block that holds the whole mapped chunk [start, start+bytes) of `s`, or null.
@@ -104,7 +112,22 @@ std::size_t ExpandableSegments::unmap_all_free_chunks(std::size_t stop_below) {
   if (!any || !backend_.record_device_fence()->wait()) return 0;
   std::size_t released = 0;
   for (auto& [key, s] : by_key_) released += unmap_free_chunks(s, stop_below);
+  std::erase_if(by_key_, [this](const auto& entry) { return release_address(entry.second); });
   return released;
+}
+
+// A segment with nothing mapped gives its address range back: each holds the device's memory
+// plus the limit in address space, and streams that come and go would otherwise use it all up.
+bool ExpandableSegments::release_address(Segment* s) {
+  Block* b = s->first;
+  if (!s->chunks.empty() || b == nullptr || b->next != nullptr || b->mapped || b->state != BlockState::kFree) {
+    return false;
+  }
+  if (backend_.free_address(s->base, s->size) != Status::kOk) return false;
+  blocks_.erase(b);
+  sub_stat(stats_.segment, s->pool, 1);
+  segments_.remove(s);
+  return true;
 }
 
 }  // namespace cudalloc

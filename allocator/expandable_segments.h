@@ -55,7 +55,8 @@ class ExpandableSegments {
   // free mapped block before it, holds the request; returns a block for it, out of its pool.
   Block* grow(StreamHandle stream, std::size_t rounded, PoolKind kind);
   // Unmaps the chunks inside free blocks of every expandable segment, until the allocator
-  // holds no more than `stop_below`. Returns the bytes given back.
+  // holds no more than `stop_below`, and frees the address range of a segment left with
+  // nothing mapped. Returns the bytes given back.
   std::size_t unmap_all_free_chunks(std::size_t stop_below = 0);
   // Forgets the index (the segment table forgets the segments).
   void clear() { by_key_.clear(); }
@@ -64,6 +65,8 @@ class ExpandableSegments {
   // The segment of (stream, kind), reserved on first use; null if no address space is left.
   Segment* segment_for(StreamHandle stream, PoolKind kind);
   std::size_t unmap_free_chunks(Segment* s, std::size_t stop_below);
+  // Frees the address range of a segment with nothing mapped, and forgets the segment.
+  bool release_address(Segment* s);
   static Block* free_block_around(const Segment& s, DevicePtr start, std::size_t bytes);
 
   SegmentBackend& backend_;

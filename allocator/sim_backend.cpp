@@ -313,6 +313,12 @@ std::size_t SimBackend::segment_calls() const { std::lock_guard l(mutex_); retur
 std::size_t SimBackend::free_calls() const { std::lock_guard l(mutex_); return free_calls_; }
 std::size_t SimBackend::map_calls() const { std::lock_guard l(mutex_); return map_calls_; }
 std::size_t SimBackend::unmap_calls() const { std::lock_guard l(mutex_); return unmap_calls_; }
+std::size_t SimBackend::reserved_address_bytes() const {
+  std::lock_guard l(mutex_);
+  std::size_t bytes = 0;
+  for (const auto& [base, size] : reservations_) bytes += size;
+  return bytes;
+}
 std::size_t SimBackend::device_fences() const { std::lock_guard l(mutex_); return device_fences_; }
 std::size_t SimBackend::stream_fences() const { std::lock_guard l(mutex_); return stream_fences_; }
 

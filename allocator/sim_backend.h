@@ -78,6 +78,8 @@ class SimBackend final : public SegmentBackend {
   std::size_t free_calls() const;
   std::size_t map_calls() const;
   std::size_t unmap_calls() const;
+  // Address space reserved (reserve_address) and not yet freed.
+  std::size_t reserved_address_bytes() const;
   std::size_t device_fences() const;
   std::size_t stream_fences() const;
   // True if [ptr, ptr+bytes) is inside a live segment or mapped virtual memory.

@@ -21,7 +21,10 @@ SanitizerEnv sanitizer_env(char** envp) {
     if (std::strncmp(*e, "NV_SANITIZER_", 13) == 0) s.detected = true;
     if (std::strncmp(*e, "NVTX_INJECTION64_PATH=", 22) == 0 && (*e)[22] != '\0') {
       s.nvtx_injection = true;
-      if (std::strstr(*e + 22, "sanitizer") != nullptr) s.detected = true;
+      // The library's own name (libsanitizer-collection.so), not a folder on its path: cudalloc
+      // names itself there for trace_nvtx, from wherever it was built.
+      const char* slash = std::strrchr(*e + 22, '/');
+      if (std::strstr(slash != nullptr ? slash + 1 : *e + 22, "sanitizer") != nullptr) s.detected = true;
     }
   }
   return s;

@@ -11,14 +11,19 @@
   check_nvtx_phases.py off EXE                      trace_nvtx off, or no trace: the variable is
                                                     never set, records carry no phase
   check_nvtx_phases.py no_cuda EXE LIB              NVTX without CUDA: no driver, no thread, no trace
+  check_nvtx_phases.py sanitizer_in_path EXE LIB    the library preloaded from a folder whose name
+                                                    holds "sanitizer": it is the injection it set,
+                                                    not compute-sanitizer's (no nvtx mode)
 """
-import collections, json, os, subprocess, sys, tempfile
+import collections, json, os, shutil, subprocess, sys, tempfile
 
 CONF = 'trace_nvtx:true'
 
 
-def run(argv, trace=None, conf=CONF, injection=None, level=None):
+def run(argv, trace=None, conf=CONF, injection=None, level=None, preload=None):
     env = dict(os.environ)
+    if preload:
+        env['LD_PRELOAD'] = preload
     env.pop('NVTX_INJECTION64_PATH', None)
     env.pop('CUDALLOC_TRACE', None)
     env.pop('CUDALLOC_CONF', None)
@@ -211,9 +216,33 @@ def no_cuda(exe, lib):
         return 0 if all(checks.values()) else 1
 
 
+def sanitizer_in_path(exe, lib):
+    with tempfile.TemporaryDirectory() as d:
+        folder = os.path.join(d, 'sanitizer-builds')
+        os.mkdir(folder)
+        copy = os.path.join(folder, os.path.basename(lib))
+        shutil.copyfile(lib, copy)
+        path = os.path.join(d, 'run.trace')
+        p = run([exe, 'phases'], trace=path, conf=CONF + ',expandable_segments:true', level='info',
+                preload=copy)
+        if p.returncode != 0:
+            return 1
+        env, expected, _ = parse_output(p.stdout)
+        _, recs = trace_records(path)
+        checks = {
+            'NVTX_INJECTION64_PATH': env == os.path.realpath(copy),
+            'no nvtx mode': not any('nvtx mode' in l for l in p.stderr.splitlines()),
+            'expandable segments kept': 'expandable_segments=true' in p.stderr and
+                                        'expandable segments are turned off' not in p.stderr,
+            'records match': compare(expected, recs),
+        }
+        print(checks)
+        return 0 if all(checks.values()) else 1
+
+
 if __name__ == '__main__':
     mode, args = sys.argv[1], sys.argv[2:]
     fn = {'phases': lambda: phases(*args), 'preset_self': lambda: preset_self(*args),
           'foreign': lambda: foreign(*args), 'off': lambda: off(*args),
-          'no_cuda': lambda: no_cuda(*args)}.get(mode)
+          'no_cuda': lambda: no_cuda(*args), 'sanitizer_in_path': lambda: sanitizer_in_path(*args)}.get(mode)
     sys.exit(fn() if fn else 'unknown mode ' + mode)

@@ -225,3 +225,56 @@ TEST_CASE("a live block in the middle leaves room for a large request once free 
   f.alloc->free(big, FreeOrder::kCompleted);
   CHECK(f.get(16 * kMiB) != 0);  // still serving after the OOM
 }
+
+TEST_CASE("growth maps where the fewest new bytes complete the request, not at the first hole") {
+  // A hole at the start of the segment (its chunk given back) and, after a live block, a free
+  // mapped block at the growth point. Another stream's segment holds the rest of the limit:
+  // mapping the whole request in the hole passes the limit, growing behind the free block
+  // needs only the difference and fits.
+  constexpr StreamHandle kOther = 0x20;
+  Fixture f(64 * kMiB, 1 * kGiB);
+  DevicePtr a = f.get(32 * kMiB);  // chunk [0, 32)
+  DevicePtr c = f.get(16 * kMiB);  // chunk [32, 48)
+  f.alloc->free(c, FreeOrder::kCompleted);
+  DevicePtr live = f.get(8 * kMiB);  // [32, 40); [40, 48) stays free and mapped
+  CHECK(live == c);
+  f.alloc->free(a, FreeOrder::kCompleted);
+  CHECK(f.alloc->release_cached() == 32 * kMiB);  // the hole [0, 32)
+  DevicePtr other = f.get(32 * kMiB, kOther);      // 16 + 32 = 48 MiB mapped of 64
+  DevicePtr p = 0;
+  REQUIRE(f.alloc->allocate(24 * kMiB, kNoStream, &p) == Status::kOk);  // [40, 64): 16 MiB more
+  CHECK(p == live + 8 * kMiB);
+  CHECK(f.sim.used_bytes() == 64 * kMiB);
+  std::memset(reinterpret_cast<void*>(p), 7, 24 * kMiB);
+  for (DevicePtr q : {p, live, other}) f.alloc->free(q, FreeOrder::kCompleted);
+}
+
+TEST_CASE("a segment with nothing mapped left gives its address range back") {
+  // Each (stream, pool) reserves the device's memory plus the limit in address space. Kept
+  // for good, streams that come and go (a stream per request) would use up the address space,
+  // and every new stream's first allocation would then fail.
+  Fixture f;
+  std::vector<DevicePtr> gone;
+  for (StreamHandle s = 0x100; s < 0x108; ++s) {
+    gone.push_back(f.get(4 * kMiB, s));
+    f.alloc->free(gone.back(), FreeOrder::kStream, s);
+  }
+  const DevicePtr kept = f.get(4 * kMiB, 0x200);
+  const std::size_t one = f.sim.reserved_address_bytes() / 9;
+  CHECK(one >= 1 * kGiB);
+  f.alloc->release_cached();
+  CHECK(f.sim.used_bytes() == 4 * kMiB);
+  CHECK(f.sim.reserved_address_bytes() == one);  // only the segment with a live block
+  CHECK(f.stat("segment.all.current") == 1);
+  for (DevicePtr p : gone) CHECK_FALSE(f.alloc->owns(p));
+  // A stream whose range went back gets a new one at its next allocation.
+  const DevicePtr again = f.get(4 * kMiB, 0x100);
+  std::memset(reinterpret_cast<void*>(again), 5, 4 * kMiB);
+  CHECK(f.sim.reserved_address_bytes() == 2 * one);
+  f.alloc->free(again, FreeOrder::kCompleted);
+  f.alloc->free(kept, FreeOrder::kCompleted);
+  f.alloc->release_cached();
+  CHECK(f.sim.reserved_address_bytes() == 0);
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK(f.stat("segment.all.current") == 0);
+}

@@ -576,8 +576,23 @@ Status DriverBackend::reserve_address(std::size_t bytes, DevicePtr* out) {
 Status DriverBackend::free_address(DevicePtr base, std::size_t bytes) {
   if (dead()) return Status::kOk;
   CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
   const CUresult r = driver().cuMemAddressFree(static_cast<CUdeviceptr>(base), bytes);
   return r == CUDA_ERROR_DEINITIALIZED ? Status::kOk : to_status(r);
+}
+
+// Maps `h` at [va, va+bytes) with read-write access for this device; undoes the map if the
+// access cannot be set. The caller keeps `h`.
+CUresult DriverBackend::map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h) {
+  const DriverApi& d = driver();
+  CUresult r = d.cuMemMap(static_cast<CUdeviceptr>(va), bytes, 0, h, 0);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc access{};
+  access.location = device_prop(device_).location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
+  if (r != CUDA_SUCCESS) d.cuMemUnmap(static_cast<CUdeviceptr>(va), bytes);
+  return r;
 }
 
 Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
@@ -590,17 +605,8 @@ Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   CUmemGenericAllocationHandle h = 0;
   CUresult r = d.cuMemCreate(&h, bytes, &prop, 0);
   if (r != CUDA_SUCCESS) return to_status(r);
-  r = d.cuMemMap(static_cast<CUdeviceptr>(va), bytes, 0, h, 0);
+  r = map_handle(va, bytes, h);
   if (r != CUDA_SUCCESS) {
-    d.cuMemRelease(h);
-    return to_status(r);
-  }
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
-  if (r != CUDA_SUCCESS) {
-    d.cuMemUnmap(static_cast<CUdeviceptr>(va), bytes);
     d.cuMemRelease(h);
     return to_status(r);
   }
@@ -630,20 +636,35 @@ Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
   profile::Scope timed(profile::Site::kUnmap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
-  Status result = Status::kOk;
-  for (const auto& [base, piece] : pieces) {
-    CUresult r = d.cuMemUnmap(static_cast<CUdeviceptr>(base), piece.first);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
-      // Still mapped: keep knowing it, so a later unmap (or the process's exit) finds it.
-      std::lock_guard lock(mutex_);
-      mapped_.emplace(base, piece);
-      if (result == Status::kOk) result = to_status(r);
-      continue;
+  RelaxedCaptureMode relaxed(captures_.any());  // as map(): never invalidates another thread's capture
+  // All or nothing: the allocator keeps a range it could not unmap as mapped memory and hands
+  // it out again, so a piece unmapped before another piece failed is mapped back (its handle
+  // is still held). Handles are released only once every piece is unmapped.
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const auto& [base, piece] = pieces[i];
+    const CUresult r = d.cuMemUnmap(static_cast<CUdeviceptr>(base), piece.first);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) continue;
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto& [va_j, piece_j] = pieces[j];
+      if (map_handle(va_j, piece_j.first, piece_j.second) != CUDA_SUCCESS) {
+        log_error("cuMemUnmap at 0x%llx failed (error %d), and 0x%llx, unmapped before it, could not be mapped back",
+                  static_cast<unsigned long long>(base), r, static_cast<unsigned long long>(va_j));
+      }
     }
-    r = d.cuMemRelease(piece.second);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && result == Status::kOk) result = to_status(r);
+    std::lock_guard lock(mutex_);
+    for (const auto& [va_j, piece_j] : pieces) mapped_.emplace(va_j, piece_j);
+    return to_status(r);
   }
-  return result;
+  for (const auto& [base, piece] : pieces) {
+    const CUresult r = d.cuMemRelease(piece.second);
+    // Unmapped already: the range is the allocator's to forget, whatever the release says (the
+    // physical memory then stays with the driver until the process ends).
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      log_warn("cuMemRelease of the memory unmapped at 0x%llx failed (error %d); its %zu bytes stay allocated",
+               static_cast<unsigned long long>(base), r, piece.first);
+    }
+  }
+  return Status::kOk;
 }
 
 }  // namespace cudalloc::shim

@@ -113,6 +113,7 @@ class DriverBackend final : public SegmentBackend {
   // `s` (of context `in`, this one's by default) runs nothing queued from now on before `e`
   // completes (the host waits if it cannot).
   void wait_behind(CUstream s, CUevent e, CUcontext in = nullptr);
+  CUresult map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h);
 };
 
 }  // namespace cudalloc::shim

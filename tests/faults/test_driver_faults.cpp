@@ -279,3 +279,54 @@ TEST_CASE("the driver backend's map() rolls back exactly what it did (stats retu
     REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
   }
 }
+
+namespace {
+
+// Gives every idle byte of cudalloc's back to the device (cudaMemPoolTrimTo(default pool, 0)).
+void trim_all(Client& c) {
+  using PFN_trim = CUresult (*)(CUmemoryPool, size_t);
+  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
+  auto trim = c.get<PFN_trim>("cuMemPoolTrimTo");
+  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
+  REQUIRE(trim != nullptr);
+  REQUIRE(default_pool != nullptr);
+  CUmemoryPool pool = nullptr;
+  REQUIRE(default_pool(&pool, 0) == CUDA_SUCCESS);
+  REQUIRE(trim(pool, 0) == CUDA_SUCCESS);
+}
+
+// Two growths of one stream's expandable segment (two map() calls), freed, then the idle memory
+// trimmed while `api` fails `after` calls in; then the same sizes again, written end to end.
+// (The allocator unmaps one map() at a time, so a failing cuMemUnmap keeps its chunk mapped
+// and counted, and this checks cuMemRelease.)
+void unmap_fault(Client& c, const char* api, int after) {
+  CUstream s = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr a = 0, b = 0;
+  REQUIRE(c.api.cuMemAllocAsync(&a, 24 * kMiB, s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemAllocAsync(&b, 40 * kMiB, s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuMemFreeAsync(b, s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
+  const std::uint64_t unmaps = c.call_count("cuMemUnmap");
+  for (int i = 0; i < 64; ++i) c.fail_next(api, i == 0 ? after : 0, CUDA_ERROR_UNKNOWN);
+  trim_all(c);
+  clear_failures()();
+  CHECK(c.call_count("cuMemUnmap") > unmaps);  // the fault was met
+  for (std::size_t bytes : {24 * kMiB, 40 * kMiB, 64 * kMiB}) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAllocAsync(&p, bytes, s) == CUDA_SUCCESS);
+    CHECK(c.launch_write(s, p, bytes, 0x77, 0) == CUDA_SUCCESS);  // every byte of it mapped
+    REQUIRE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CHECK(all_equal(p, bytes, 0x77));
+    REQUIRE(c.api.cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  }
+  REQUIRE(c.api.cuStreamSynchronize(s) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
+  trim_all(c);
+}
+
+}  // namespace
+
+TEST_CASE("cuMemRelease failing after an unmap: the range is given up, never handed out unmapped", "[vm]") {
+  unmap_fault(client::client(), "cuMemRelease", 0);
+}

@@ -284,14 +284,9 @@ namespace {
 
 // Gives every idle byte of cudalloc's back to the device (cudaMemPoolTrimTo(default pool, 0)).
 void trim_all(Client& c) {
-  using PFN_trim = CUresult (*)(CUmemoryPool, size_t);
-  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
-  auto trim = c.get<PFN_trim>("cuMemPoolTrimTo");
-  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
-  REQUIRE(trim != nullptr);
-  REQUIRE(default_pool != nullptr);
   CUmemoryPool pool = nullptr;
-  REQUIRE(default_pool(&pool, 0) == CUDA_SUCCESS);
+  auto trim = client::default_pool_trim(c, &pool);
+  REQUIRE(trim != nullptr);
   REQUIRE(trim(pool, 0) == CUDA_SUCCESS);
 }
 

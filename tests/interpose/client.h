@@ -65,6 +65,15 @@ inline Client& client() {
   return *c;
 }
 
+// cudaMemPoolTrimTo(pool, keep) as the runtime reaches it; `pool` gets device 0's default pool.
+using PFN_trim = CUresult (*)(CUmemoryPool, size_t);
+inline PFN_trim default_pool_trim(Client& c, CUmemoryPool* pool) {
+  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
+  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
+  if (default_pool == nullptr || default_pool(pool, 0) != CUDA_SUCCESS) die("no default memory pool");
+  return c.get<PFN_trim>("cuMemPoolTrimTo");
+}
+
 // Whether `p` is code of libcudalloc.so (a hook) rather than of the driver.
 inline bool is_cudalloc(const void* p) {
   Dl_info info{};

@@ -373,15 +373,10 @@ TEST_CASE("cuMemGetInfo counts idle cached bytes as free", "[semantics]") {
 
 TEST_CASE("cudaMemPoolTrimTo on the default pool gives cudalloc's idle memory back", "[trim]") {
   Client& c = client::client();
-  using PFN_trim = CUresult (*)(CUmemoryPool, size_t);
-  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
-  auto trim = c.get<PFN_trim>("cuMemPoolTrimTo");
-  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
-  REQUIRE(trim != nullptr);
-  REQUIRE(default_pool != nullptr);
-  CHECK(is_cudalloc(reinterpret_cast<void*>(trim)));
   CUmemoryPool pool = nullptr;
-  REQUIRE(default_pool(&pool, 0) == CUDA_SUCCESS);
+  auto trim = default_pool_trim(c, &pool);
+  REQUIRE(trim != nullptr);
+  CHECK(is_cudalloc(reinterpret_cast<void*>(trim)));
 
   // Whatever earlier cases left idle goes first, so that the blocks below get segments of their own.
   REQUIRE(trim(pool, 0) == CUDA_SUCCESS);

@@ -206,8 +206,18 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
   notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
 }
 
+namespace {
+AllocatorOptions without_expandable(AllocatorOptions o) {
+  o.expandable_segments = false;
+  return o;
+}
+}  // namespace
+
 DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
-    : options_(options), device_(device), impl_(std::make_shared<Impl>(backend, options_, device)) {
+    : expandable_ignored_(options.expandable_segments && !backend.supports_virtual_memory()),
+      options_(expandable_ignored_ ? without_expandable(options) : options),
+      device_(device),
+      impl_(std::make_shared<Impl>(backend, options_, device)) {
   // Weak: a backend may outlive its allocator.
   backend.set_freed_later([weak = std::weak_ptr<Impl>(impl_)](std::size_t bytes) {
     if (auto m = weak.lock()) m->freed_later(bytes);
@@ -317,7 +327,9 @@ void DeviceAllocator::reset_peak_stats() {
 
 std::string DeviceAllocator::summary() const {
   const MemoryStats s = stats();
-  return format_memory_summary(s, device_, memory_limit());
+  const char* note =
+      expandable_ignored_ ? "expandable_segments ignored: the device has no virtual memory management" : "";
+  return format_memory_summary(s, device_, memory_limit(), note);
 }
 
 std::optional<OomReport> DeviceAllocator::last_oom() const {

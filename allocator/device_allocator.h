@@ -82,7 +82,12 @@ class DeviceAllocator {
   std::size_t cached_bytes() const;
   std::size_t memory_limit() const;
   void set_memory_limit(std::size_t bytes);  // 0 = back to the configured limit
+  // The options in force: expandable_segments is off where the backend has no virtual memory.
   const AllocatorOptions& options() const { return options_; }
+  // Whether expandable_segments was asked for but the backend's device has no virtual memory
+  // management (supports_virtual_memory, asked once, here): its segments are plain ones, as
+  // PyTorch falls back to them. The shim warns; the summary says so.
+  bool expandable_ignored() const { return expandable_ignored_; }
   int device() const { return device_; }
 
   // Not owned; called under the device lock. Null to stop.
@@ -106,6 +111,7 @@ class DeviceAllocator {
   struct Impl;
 
  private:
+  bool expandable_ignored_;
   AllocatorOptions options_;
   int device_;
   std::shared_ptr<Impl> impl_;  // shared with the thread caches' owners (see thread_cache.h)

@@ -87,7 +87,7 @@ std::string format_bytes(std::uint64_t bytes) {
   return buf;
 }
 
-std::string format_memory_summary(const MemoryStats& s, int device, std::size_t limit_bytes) {
+std::string format_memory_summary(const MemoryStats& s, int device, std::size_t limit_bytes, std::string_view note) {
   constexpr std::size_t kW = 16;
   std::string out;
   const std::string rule(79, '=');
@@ -138,6 +138,7 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
   std::snprintf(line, sizeof line, " under the device lock: allocs %lld  frees %lld",
                 static_cast<long long>(s.num_locked_allocs), static_cast<long long>(s.num_locked_frees));
   out += "|" + pad(line, 77) + "|\n";
+  if (!note.empty()) out += "|" + pad(" " + std::string(note), 77) + "|\n";
   out += "|" + rule.substr(2) + "|\n";
   return out;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace cudalloc {
 
@@ -66,7 +67,9 @@ struct MemoryStats {
 };
 
 // A torch.cuda.memory_summary()-style table.
-std::string format_memory_summary(const MemoryStats& stats, int device, std::size_t limit_bytes);
+// `note`, if not empty, is one more line at the end of the table.
+std::string format_memory_summary(const MemoryStats& stats, int device, std::size_t limit_bytes,
+                                  std::string_view note = {});
 
 // "1.50 GiB", "512 B"
 std::string format_bytes(std::uint64_t bytes);

@@ -167,7 +167,7 @@ Status SimBackend::reserve_address(std::size_t bytes, DevicePtr* out) {
   *out = 0;
   const std::size_t g = options_.vm_granularity;
   if (bytes == 0 || bytes % g != 0) return Status::kInvalidValue;
-  if (should_fail(SimOp::kReserve)) return Status::kBackendError;
+  if (!options_.virtual_memory || should_fail(SimOp::kReserve)) return Status::kBackendError;
   DevicePtr p = 0;
   if (options_.host_memory) {
     const std::size_t span = bytes + g;
@@ -199,6 +199,7 @@ Status SimBackend::free_address(DevicePtr base, std::size_t bytes) {
 
 Status SimBackend::map(DevicePtr va, std::size_t bytes) {
   std::lock_guard lock(mutex_);
+  if (!options_.virtual_memory) return Status::kBackendError;
   const std::size_t g = options_.vm_granularity;
   if (bytes == 0 || bytes % g != 0 || va % g != 0) return Status::kInvalidValue;
   // Must lie in a reservation and not overlap a mapping.

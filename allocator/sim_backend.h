@@ -22,6 +22,9 @@ struct SimOptions {
   // Without it, addresses are made up and must not be touched: replays of huge traces use that.
   bool host_memory = true;
   std::size_t vm_granularity = 2 * kMiB;
+  // Virtual memory management: without it reserve_address and map fail (kBackendError, as the
+  // driver refuses cuMemAddressReserve and cuMemCreate with CUDA_ERROR_NOT_SUPPORTED).
+  bool virtual_memory = true;
   // Every stream orders with the legacy stream, as in a program with no non-blocking stream:
   // device fences order reuse (backend.h), as the driver backend's do in such a context.
   bool blocking_streams = false;
@@ -40,7 +43,7 @@ class SimBackend final : public SegmentBackend {
   std::unique_ptr<Fence> record_fence(StreamHandle stream) override;
   std::unique_ptr<Fence> record_device_fence() override;
   std::size_t total_memory() const override;
-  bool supports_virtual_memory() const override { return true; }
+  bool supports_virtual_memory() const override { return options_.virtual_memory; }
   std::size_t vm_granularity() const override { return options_.vm_granularity; }
   Status reserve_address(std::size_t bytes, DevicePtr* out) override;
   Status free_address(DevicePtr base, std::size_t bytes) override;

@@ -48,6 +48,12 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     several = next->states.size() > 1;
     publish_locked(next);
     log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
+    if (state->allocator.expandable_ignored() && vm_warned_.insert(dev).second) {
+      log_warn("expandable_segments is ignored on device %d: it has no virtual memory management "
+               "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0, or the driver lacks its calls), "
+               "so its allocations use plain segments",
+               static_cast<int>(dev));
+    }
   }
   // Work of two contexts is not ordered on one legacy stream (and with peer access a block
   // may be used from the other).

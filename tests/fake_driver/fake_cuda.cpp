@@ -308,6 +308,7 @@ struct Device {
     Ctx primary;
     int primary_refs = 0;
     unsigned primary_flags = 0;
+    bool vmm = true;  // virtual memory management (FAKE_CUDA_NO_VMM lists those without)
 };
 
 struct Driver {
@@ -346,6 +347,20 @@ size_t env_size(const char* name, size_t def) {
     char* end = nullptr;
     unsigned long long x = strtoull(v, &end, 10);
     return (end && *end == 0 && x > 0) ? size_t(x) : def;
+}
+
+// Whether `ordinal` is listed in $FAKE_CUDA_NO_VMM ("1", "0,1"): a device without virtual
+// memory management, as some vGPU and older setups are.
+bool env_lacks_vmm(int ordinal) {
+    const char* v = getenv("FAKE_CUDA_NO_VMM");
+    while (v && *v) {
+        char* end = nullptr;
+        const long x = strtol(v, &end, 10);
+        if (end == v) break;
+        if (x == ordinal) return true;
+        v = *end == ',' ? end + 1 : end;
+    }
+    return false;
 }
 
 void note_usage_locked() {
@@ -708,6 +723,7 @@ void init_once() {
             auto d = std::make_unique<Device>();
             d->ordinal = i;
             d->total = D.mem_bytes;
+            d->vmm = !env_lacks_vmm(i);
             d->primary.dev = i;
             d->primary.primary = true;
             d->primary.alive = false;
@@ -828,7 +844,7 @@ FK_API CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib,
         case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
         case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
         case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: v = 0; break;
-        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = drv().devices[size_t(dev)]->vmm; break;
         case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 1; break;
         case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
         case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
@@ -2196,6 +2212,7 @@ FK_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* gran, const CUmemA
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (check_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!drv().devices[size_t(prop->location.id)]->vmm) return CUDA_ERROR_NOT_SUPPORTED;
     *gran = drv().vm_gran;
     return CUDA_SUCCESS;
 }
@@ -2204,6 +2221,9 @@ FK_API CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_
                                              unsigned long long flags) {
     FK_ENTER();
     (void)flags;
+    // It names no device: refused only where no device has virtual memory management.
+    if (std::none_of(drv().devices.begin(), drv().devices.end(), [](const auto& d) { return d->vmm; }))
+        return CUDA_ERROR_NOT_SUPPORTED;
     size_t g = drv().vm_gran;
     if (!ptr || size == 0 || size % g || (alignment & (alignment - 1)) || addr % g) return CUDA_ERROR_INVALID_VALUE;
     size_t align = std::max(alignment, g);
@@ -2252,6 +2272,7 @@ FK_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
     if (check_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lk(g_mu);
     Device& d = *drv().devices[size_t(prop->location.id)];
+    if (!d.vmm) return CUDA_ERROR_NOT_SUPPORTED;
     if (d.used + size > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
     int fd = memfd_create("fakecuda-vm", 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -11,6 +11,10 @@
   check_process.py oom_records N EXE [ARGS]   CUDALLOC_TRACE + CUDALLOC_STATS: the program exits 0,
                                        and its trace and its statistics at exit count N out-of-memory
                                        failures (a request served after a retry is none)
+  check_process.py no_vmm EXE [ARGS]   expandable_segments:true with device 1 lacking virtual memory
+                                       (no_vmm.cpp): the program exits 0, one warning names device 1,
+                                       device 1's trace records are plain segments (device 0's are
+                                       expandable), and device 1's statistics say expandable is off
   check_process.py profiled EXE [ARGS] CUDALLOC_PROFILE=1: every hook call of passthrough_check
                                        counted (51 cuMemAlloc, 50 cuMemFree, its segment); unset or
                                        0, no profile is printed
@@ -115,6 +119,40 @@ def oom_records(want, argv):
         return 0 if records == want and counted and sum(counted) == want else 1
 
 
+def no_vmm(argv):
+    MiB = 1 << 20
+    note = 'expandable_segments ignored: the device has no virtual memory management'
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, 'run.trace')
+        env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1', CUDALLOC_LOG_LEVEL='warn',
+                   CUDALLOC_CONF='expandable_segments:true', FAKE_CUDA_DEVICES='2', FAKE_CUDA_NO_VMM='1')
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        print('rc', p.returncode)
+        print(p.stderr)
+        if p.returncode != 0:
+            return 1
+        segments = {0: [], 1: []}
+        for l in open(path).read().splitlines()[2:]:
+            f = l.split(',')
+            if l and not l.startswith('#') and f[4] == 'segment_alloc':
+                segments.setdefault(int(f[3]), []).append(int(f[8]) // MiB)
+        warnings = [l for l in p.stderr.splitlines() if 'expandable_segments is ignored' in l]
+        summaries = re.split(r'(?= cudalloc memory summary, device )', p.stderr)[1:]
+        noted = {}
+        for t in summaries:
+            dev = int(re.match(r' cudalloc memory summary, device (\d+)', t).group(1))
+            noted.setdefault(dev, []).append(note in t)
+        checks = {
+            'one warning, for device 1': len(warnings) == 1 and 'device 1' in warnings[0],
+            'device 0 expandable (8 MiB mapped)': segments[0] == [8],
+            'device 1 plain segments': sorted(segments[1]) == [2, 2, 20, 30],
+            'device 1 summaries note it': noted.get(1) == [True, True],
+            'device 0 summary does not': noted.get(0) == [False],
+        }
+        print(checks, 'segments (MiB):', segments, 'summaries noting it:', noted)
+        return 0 if all(checks.values()) else 1
+
+
 def profiled(argv):
     counts = {}
     for value in ('1', '0', None):
@@ -144,6 +182,8 @@ if __name__ == '__main__':
         sys.exit(traced(sys.argv[2:], passthrough=True))
     if mode == 'oom_records':
         sys.exit(oom_records(int(arg), sys.argv[3:]))
+    if mode == 'no_vmm':
+        sys.exit(no_vmm(sys.argv[2:]))
     if mode == 'profiled':
         sys.exit(profiled(sys.argv[2:]))
     if mode == 'needed':

@@ -43,6 +43,16 @@ struct Client {
   std::exit(2);
 }
 
+// A driver entry point the runtime's lookups did not cover, got through cuGetProcAddress.
+template <typename F>
+F proc(Client& c, const char* name, int version) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  if (c.api.cuGetProcAddress_v2(name, &p, version, 0, &st) != CUDA_SUCCESS || p == nullptr)
+    die(std::string("proc ") + name);
+  return reinterpret_cast<F>(p);
+}
+
 // Looks the driver up and makes device 0's primary context current.
 inline Client& client() {
   static Client* c = [] {

@@ -29,15 +29,7 @@
 #include "client.h"
 
 using client::Client;
-
-template <typename F>
-static F proc(Client& c, const char* name, int version) {
-  void* p = nullptr;
-  CUdriverProcAddressQueryResult st{};
-  if (c.api.cuGetProcAddress_v2(name, &p, version, 0, &st) != CUDA_SUCCESS || p == nullptr)
-    client::die(std::string("proc ") + name);
-  return reinterpret_cast<F>(p);
-}
+using client::proc;
 using CtxCreateFn = CUresult (*)(CUcontext*, unsigned, CUdevice);
 using CtxDestroyFn = CUresult (*)(CUcontext);
 using CtxPopFn = CUresult (*)(CUcontext*);

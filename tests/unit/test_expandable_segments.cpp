@@ -13,16 +13,18 @@ namespace {
 constexpr StreamHandle kStreamA = 0x10;
 
 struct Fixture {
-  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB, bool blocking_streams = false)
-      : sim(make_sim(total, blocking_streams)) {
+  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB, bool blocking_streams = false,
+                   bool virtual_memory = true)
+      : sim(make_sim(total, blocking_streams, virtual_memory)) {
     options.expandable_segments = true;
     options.memory_limit_bytes = limit;
     alloc = std::make_unique<DeviceAllocator>(sim, options);
   }
-  static SimOptions make_sim(std::size_t total, bool blocking_streams) {
+  static SimOptions make_sim(std::size_t total, bool blocking_streams, bool virtual_memory) {
     SimOptions so;
     so.total_memory = total;
     so.blocking_streams = blocking_streams;
+    so.virtual_memory = virtual_memory;
     return so;
   }
   DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
@@ -277,4 +279,36 @@ TEST_CASE("a segment with nothing mapped left gives its address range back") {
   CHECK(f.sim.reserved_address_bytes() == 0);
   CHECK(f.sim.used_bytes() == 0);
   CHECK(f.stat("segment.all.current") == 0);
+}
+
+TEST_CASE("a device without virtual memory gets plain segments, and the summary says why") {
+  // Some vGPU and older setups have no virtual memory management: reserve and map are refused
+  // there, so expandable segments would end every request that needs memory with that error.
+  Fixture f(0, 1 * kGiB, false, /*virtual_memory=*/false);
+  CHECK(f.alloc->expandable_ignored());
+  CHECK_FALSE(f.alloc->options().expandable_segments);
+  const DevicePtr large = f.get(6 * kMiB);
+  const DevicePtr small = f.get(4096);
+  std::memset(reinterpret_cast<void*>(large), 3, 6 * kMiB);
+  std::memset(reinterpret_cast<void*>(small), 4, 4096);
+  CHECK(f.sim.segment_calls() == 2);  // a 20 MiB segment of the large pool, 2 MiB of the small
+  CHECK(f.sim.map_calls() == 0);
+  CHECK(f.sim.reserved_address_bytes() == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(22 * kMiB));
+  CHECK(f.alloc->find(large)->segment_size == 20 * kMiB);
+  f.alloc->free(large, FreeOrder::kCompleted);
+  f.alloc->free(small, FreeOrder::kCompleted);
+  CHECK(f.alloc->release_cached() == 22 * kMiB);
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK_THAT(f.alloc->summary(),
+             Catch::Contains("expandable_segments ignored: the device has no virtual memory management"));
+
+  // A device with it keeps expandable segments, and the summary has no such line.
+  Fixture g;
+  CHECK_FALSE(g.alloc->expandable_ignored());
+  CHECK(g.alloc->options().expandable_segments);
+  g.get(6 * kMiB);
+  CHECK(g.sim.map_calls() == 1);
+  CHECK(g.sim.segment_calls() == 0);
+  CHECK_THAT(g.alloc->summary(), !Catch::Contains("expandable_segments ignored"));
 }

@@ -39,12 +39,17 @@ struct LocalEntry {
 // Allocator ids are never reused, so an id of a destroyed allocator matches no lookup.
 thread_local std::uint64_t t_last_id = 0;
 thread_local ThreadCache* t_last_cache = nullptr;
+// Set when t_local is destroyed at the thread's exit. Thread-locals constructed before it (an
+// empty holder the program fills later) are destroyed after it, and may still allocate or free:
+// from then on this thread takes the locked path and must not read t_local, whose vector is gone.
+thread_local bool t_caches_gone = false;
 
 // A thread's caches, one per allocator it used; given back when the thread exits.
 struct LocalCaches {
   std::vector<LocalEntry> entries;
   ~LocalCaches() {
     t_last_id = 0;  // whatever runs later on this thread must not find a retired cache
+    t_caches_gone = true;
     for (LocalEntry& e : entries) {
       if (auto owner = e.owner.lock()) owner->retire(e.cache);
     }
@@ -66,6 +71,7 @@ void DeviceAllocator::abandon_thread_caches_after_fork() {
 
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
   if (t_last_id == id) [[likely]] return t_last_cache;
+  if (t_caches_gone) return nullptr;
   for (LocalEntry& e : t_local.entries) {
     if (e.id == id) {
       t_last_id = id;
@@ -245,7 +251,7 @@ CUDALLOC_INLINE void count_deferred(Impl& m, ThreadCache& cache, Block* b) {
 }  // namespace
 
 CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
-  if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes) {
+  if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes || t_caches_gone) {
     return allocate_locked(bytes, stream, out, async);
   }
   const std::size_t rounded = sizes.round(bytes);
@@ -357,7 +363,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   const bool cacheable = b->pool == PoolKind::kSmall
                              ? reusable || order == FreeOrder::kDevice
                              : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
-  if (options.thread_cache && cacheable) {
+  if (options.thread_cache && cacheable && !t_caches_gone) {
     ThreadCache& cache = own != nullptr ? *own : local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);
     // Reported before the block enters the cache, where another thread may drain it (under the

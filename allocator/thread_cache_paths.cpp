@@ -43,9 +43,14 @@ thread_local ThreadCache* t_last_cache = nullptr;
 // empty holder the program fills later) are destroyed after it, and may still allocate or free:
 // from then on this thread takes the locked path and must not read t_local, whose vector is gone.
 thread_local bool t_caches_gone = false;
+// Set when t_local is made, at this thread's first look for a cache: the first use of t_local
+// registers its destructor with the C library, which allocates (see
+// abandon_thread_caches_after_fork).
+thread_local bool t_local_made = false;
 
 // A thread's caches, one per allocator it used; given back when the thread exits.
 struct LocalCaches {
+  LocalCaches() { t_local_made = true; }
   std::vector<LocalEntry> entries;
   ~LocalCaches() {
     t_last_id = 0;  // whatever runs later on this thread must not find a retired cache
@@ -63,6 +68,9 @@ thread_local LocalCaches t_local;
 void DeviceAllocator::abandon_thread_caches_after_fork() {
   t_last_id = 0;
   t_last_cache = nullptr;
+  // A thread that never looked for a cache has no t_local: its first use here would make it,
+  // and register its destructor with a call to the heap.
+  if (!t_local_made) return;
   // Leaked, not destroyed (the caches belong to the abandoned allocators), and with no call to
   // the heap: another parent thread may have held its lock at the fork (ASan's allocator, for
   // one, then never lets the child through).

@@ -96,7 +96,8 @@ class LiveTable {
   std::size_t slot(DevicePtr ptr) const { return mix(ptr) & (capacity_ - 1); }
 
   std::size_t find(DevicePtr ptr) const {
-    if (capacity_ == 0) return kMissing;
+    // Key 0 marks an empty slot: probing for it would "find" one, and take() would erase it.
+    if (capacity_ == 0 || ptr == 0) return kMissing;
     for (std::size_t i = slot(ptr);; i = (i + 1) & (capacity_ - 1)) {
       if (slots_[i].key == ptr) return i;
       if (slots_[i].key == 0) return kMissing;

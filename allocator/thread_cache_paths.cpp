@@ -39,12 +39,22 @@ struct LocalEntry {
 // Allocator ids are never reused, so an id of a destroyed allocator matches no lookup.
 thread_local std::uint64_t t_last_id = 0;
 thread_local ThreadCache* t_last_cache = nullptr;
+// Set when t_local is destroyed at the thread's exit. Thread-locals constructed before it (an
+// empty holder the program fills later) are destroyed after it, and may still allocate or free:
+// from then on this thread takes the locked path and must not read t_local, whose vector is gone.
+thread_local bool t_caches_gone = false;
+// Set when t_local is made, at this thread's first look for a cache: the first use of t_local
+// registers its destructor with the C library, which allocates (see
+// abandon_thread_caches_after_fork).
+thread_local bool t_local_made = false;
 
 // A thread's caches, one per allocator it used; given back when the thread exits.
 struct LocalCaches {
+  LocalCaches() { t_local_made = true; }
   std::vector<LocalEntry> entries;
   ~LocalCaches() {
     t_last_id = 0;  // whatever runs later on this thread must not find a retired cache
+    t_caches_gone = true;
     for (LocalEntry& e : entries) {
       if (auto owner = e.owner.lock()) owner->retire(e.cache);
     }
@@ -58,6 +68,9 @@ thread_local LocalCaches t_local;
 void DeviceAllocator::abandon_thread_caches_after_fork() {
   t_last_id = 0;
   t_last_cache = nullptr;
+  // A thread that never looked for a cache has no t_local: its first use here would make it,
+  // and register its destructor with a call to the heap.
+  if (!t_local_made) return;
   // Leaked, not destroyed (the caches belong to the abandoned allocators), and with no call to
   // the heap: another parent thread may have held its lock at the fork (ASan's allocator, for
   // one, then never lets the child through).
@@ -66,6 +79,7 @@ void DeviceAllocator::abandon_thread_caches_after_fork() {
 
 CUDALLOC_HOT ThreadCache* Impl::find_local_cache() {
   if (t_last_id == id) [[likely]] return t_last_cache;
+  if (t_caches_gone) return nullptr;
   for (LocalEntry& e : t_local.entries) {
     if (e.id == id) {
       t_last_id = id;
@@ -245,7 +259,7 @@ CUDALLOC_INLINE void count_deferred(Impl& m, ThreadCache& cache, Block* b) {
 }  // namespace
 
 CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
-  if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes) {
+  if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes || t_caches_gone) {
     return allocate_locked(bytes, stream, out, async);
   }
   const std::size_t rounded = sizes.round(bytes);
@@ -357,7 +371,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   const bool cacheable = b->pool == PoolKind::kSmall
                              ? reusable || order == FreeOrder::kDevice
                              : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
-  if (options.thread_cache && cacheable) {
+  if (options.thread_cache && cacheable && !t_caches_gone) {
     ThreadCache& cache = own != nullptr ? *own : local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);
     // Reported before the block enters the cache, where another thread may drain it (under the

@@ -1327,3 +1327,47 @@ TEST_CASE("forget_all keeps the cache hits and totals the thread caches had not 
   const auto after = f.alloc.stats();
   CHECK(after.num_cache_hits == before.num_cache_hits + 10);
 }
+
+TEST_CASE("a thread-local destroyed after the thread's caches were handed back still frees and allocates") {
+  // Thread-locals are destroyed in the reverse order of their construction: one made before the
+  // thread's first allocation (an empty holder, filled later) is destroyed after the allocator's
+  // own list of the thread's caches, and its destructor may still free device memory, or
+  // allocate. (Before the fix those calls read and grew that destroyed list: heap corruption.)
+  Fixture f;
+  struct Outcome {
+    Status freed = Status::kBackendError;
+    Status allocated = Status::kBackendError;
+    Status freed_again = Status::kBackendError;
+  };
+  struct Holder {
+    DeviceAllocator* alloc = nullptr;
+    Outcome* outcome = nullptr;
+    DevicePtr block = 0;
+    ~Holder() {
+      if (alloc == nullptr) return;
+      outcome->freed = alloc->free(block, FreeOrder::kDevice);
+      DevicePtr again = 0;
+      outcome->allocated = alloc->allocate(4096, kNoStream, &again);
+      outcome->freed_again = alloc->free(again, FreeOrder::kCompleted);
+    }
+  };
+  Outcome outcome;
+  std::thread([&] {
+    thread_local Holder holder;  // constructed here, before this thread's cache exists
+    holder.alloc = &f.alloc;
+    holder.outcome = &outcome;
+    holder.block = f.get(4096);
+    // A cache hit: the block lives in this thread's own table.
+    REQUIRE(f.alloc.free(holder.block, FreeOrder::kCompleted) == Status::kOk);
+    REQUIRE(f.get(4096) == holder.block);
+  }).join();
+  CHECK(outcome.freed == Status::kOk);
+  CHECK(outcome.allocated == Status::kOk);
+  CHECK(outcome.freed_again == Status::kOk);
+  CHECK(f.stat("allocation.all.current") == 0);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  // Nothing is left behind in a cache no thread owns: everything goes back to the device.
+  f.alloc.release_cached();
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+  CHECK(f.sim.used_bytes() == 0);
+}

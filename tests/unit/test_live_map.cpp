@@ -101,3 +101,40 @@ TEST_CASE("a live table lists, finds and removes its newest entry like the other
   check_all();
   for (DevicePtr p : m.keys) REQUIRE(table.get(p) == nullptr);
 }
+
+TEST_CASE("taking or getting address 0 finds nothing and leaves the table and the map intact") {
+  // Address 0 marks an empty slot. A free of pointer 0 (DeviceAllocator::free(0) on a thread
+  // with live cached blocks) used to "find" the first empty slot of its probe and erase it,
+  // counting one entry less: the table then filled up without growing, and the next insert
+  // or lookup probed forever.
+  LiveTable table;
+  Block blocks[200];
+  std::vector<DevicePtr> keys;
+  for (std::size_t i = 0; i < 3; ++i) {
+    keys.push_back(0x7f0000000000ull + i * 512);
+    table.insert(keys.back(), &blocks[i]);  // the last in the newest slot, the others hashed
+  }
+  for (int i = 0; i < 100; ++i) {
+    CHECK(table.take(0) == nullptr);
+    CHECK(table.get(0) == nullptr);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(table.take(keys[i]) == &blocks[i]);
+  REQUIRE(table.empty());  // (not a hang below)
+  // Filled past its first capacity, it grows, and finds every entry.
+  keys.clear();
+  for (std::size_t i = 0; i < 200; ++i) {
+    keys.push_back(0x7f0000000000ull + i * 512);
+    table.insert(keys.back(), &blocks[i]);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(table.get(keys[i]) == &blocks[i]);
+
+  LiveMap map;
+  // In the first 2 MiB, the shard that address 0 falls in: the first goes into its table.
+  map.insert(0x200, &blocks[0]);
+  map.insert(0x400, &blocks[1]);
+  for (int i = 0; i < 100; ++i) CHECK(map.take(0) == nullptr);
+  CHECK(map.take(0x200) == &blocks[0]);
+  CHECK(map.take(0x400) == &blocks[1]);
+  for (std::size_t i = 0; i < 200; ++i) map.insert(0x200 + i * 512, &blocks[i]);
+  for (std::size_t i = 0; i < 200; ++i) CHECK(map.get(0x200 + i * 512) == &blocks[i]);
+}

@@ -290,6 +290,7 @@ void DeviceAllocator::forget_all() {
     cache->reset_delta();
     cache->live.clear();
   }
+  m.report_forgotten();
   m.fences.clear();
   m.batch_fences.clear();
   m.live.clear();

@@ -193,6 +193,9 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   bool free_segment(Segment* s);
   // The backend freed a segment it had deferred (backend.h); no lock needed.
   void freed_later(std::size_t bytes);
+  // Tells the observer that every live block and every segment went with the context
+  // (forget_all), the totals falling to zero; no device call.
+  void report_forgotten();
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
   bool claim(std::size_t bytes) override;

@@ -90,6 +90,33 @@ void Impl::freed_later(std::size_t bytes) {
   unclaim(bytes);
 }
 
+// Observers would otherwise never hear that this memory went: a sanitizer's NVTX heaps and
+// regions stayed registered over addresses the driver may hand to someone else, and a trace
+// showed the context's blocks live and its memory reserved for good. Each live block gets a
+// free (as the program's own would read), before the end of the segment it lies in; then each
+// segment, or each mapped chunk of an expandable one (as it was reported), a segment free.
+void Impl::report_forgotten() {
+  if (observer.load(std::memory_order_acquire) == nullptr) return;
+  std::size_t reserved = segments.bytes();
+  segments.for_each([&](Segment* s) {
+    for (Block* b = s->first; b != nullptr; b = b->next) {
+      if (b->state != BlockState::kAllocated) continue;
+      count_allocated(-static_cast<std::int64_t>(b->size));
+      notify(EventKind::kFree, b->stream, b->ptr, b->requested, b->size);
+    }
+    const auto gone = [&](DevicePtr ptr, std::size_t bytes) {
+      reserved -= bytes;
+      reserved_now.store(reserved, std::memory_order_relaxed);
+      notify(EventKind::kSegmentFree, s->stream, ptr, bytes, bytes);
+    };
+    if (!s->expandable) {
+      gone(s->base, s->size);
+    } else {
+      for (const auto& [ptr, bytes] : s->chunks) gone(ptr, bytes);
+    }
+  });
+}
+
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {
   return options.expandable_segments ? expandable.grow(stream, rounded, kind) : new_segment(stream, rounded, kind);
 }

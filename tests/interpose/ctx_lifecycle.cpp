@@ -20,6 +20,9 @@
 //   reclaim_fails     a request no release can make room for fails, after the other context's
 //                     idle cache was released (run by check_process.py oom_records: the failure
 //                     is one OOM in the trace and the statistics, and reclaim_two_ctx's success none)
+//   forget_traced reset|destroy   a context of device 1 (its primary context, reset; or one of
+//                     cuCtxCreate, destroyed) goes with blocks live and cached (run by
+//                     check_process.py forgotten: the trace says they all went, totals at zero)
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -65,6 +68,19 @@ static void idle_segment_on(Client& c, CUstream s, std::size_t bytes) {
   CUdeviceptr a = 0;
   CHECK_OR_DIE(c.api.cuMemAllocAsync(&a, bytes, s) == CUDA_SUCCESS);
   CHECK_OR_DIE(c.api.cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+}
+
+// Blocks live and cached in the current context: cudaMalloc'd and stream-ordered, small and
+// large, live; freed into the thread's cache, behind a device fence, and a whole idle segment.
+static void live_and_cached(Client& c, CUstream s) {
+  CUdeviceptr p = 0;
+  for (std::size_t n : {std::size_t{1000}, 30 * MiB}) CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  for (std::size_t n : {std::size_t{3000}, 5 * MiB}) CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, n, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, 4000, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 2000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  idle_segment_on(c, s, 40 * MiB);
 }
 
 int main(int argc, char** argv) {
@@ -168,6 +184,32 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "limit_capture_reset: 50 MiB during the capture: %d; 60 MiB after the reset: %d\n",
                  during, after);
     return after == CUDA_SUCCESS && usable(c, d, 60 * MiB) ? 0 : 1;
+  }
+
+  if (what == "forget_traced") {  // FAKE_CUDA_DEVICES=2
+    const std::string how = argc > 2 ? argv[2] : "";
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto destroy = proc<CtxDestroyFn>(c, "cuCtxDestroy", 4000);
+    CUcontext ctx1 = nullptr;
+    if (how == "destroy") {
+      CHECK_OR_DIE(create(&ctx1, 0, 1) == CUDA_SUCCESS);  // device 1, pushed
+    } else {
+      CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+      CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+    }
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    live_and_cached(c, s);
+    if (how == "destroy") {
+      CHECK_OR_DIE(destroy(ctx1) == CUDA_SUCCESS);
+    } else {
+      CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
+    }
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 1 * MiB) == CUDA_SUCCESS);  // device 0 carries on
+    std::fprintf(stderr, "forget_traced %s: device 1's context went with 4 live blocks\n", how.c_str());
+    return 0;
   }
 
   if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048

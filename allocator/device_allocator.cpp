@@ -349,6 +349,11 @@ std::size_t DeviceAllocator::memory_limit() const {
   return impl_->limit();
 }
 
+std::size_t DeviceAllocator::budget_held() const {
+  std::lock_guard lock(impl_->mutex);  // the budget's pointer, not its count, needs it
+  return impl_->budget->held();
+}
+
 void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
   std::lock_guard lock(impl_->mutex);
   if (budget == nullptr || budget == impl_->budget) return;

@@ -15,6 +15,8 @@
 //                     under the limit until then
 //   limit_capture_reset  (the same limit) such a segment's room comes back when its context is
 //                     reset before the capture's end
+//   limit_capture_getinfo  (the same limit) cuMemGetInfo during the capture counts such a
+//                     segment as in use: a request of the free bytes it reports is served
 //   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
 //                     memory idle in its cache gets that memory
 //   reclaim_fails     a request no release can make room for fails, after the other context's
@@ -68,6 +70,19 @@ static void idle_segment_on(Client& c, CUstream s, std::size_t bytes) {
   CUdeviceptr a = 0;
   CHECK_OR_DIE(c.api.cuMemAllocAsync(&a, bytes, s) == CUDA_SUCCESS);
   CHECK_OR_DIE(c.api.cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+}
+
+// Under memory_limit_mb:64: 40 MiB idle in the cache on a new stream, a relaxed capture begun
+// on it, then a 50 MiB cuMemAlloc (its result in *over): it gives the 40 MiB segment back, and
+// the segment's cuMemFree is parked until the capture's end. Returns the capturing stream.
+static CUstream parked_in_capture(Client& c, CUresult* over) {
+  CUstream s = nullptr;
+  CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  idle_segment_on(c, s, 40 * MiB);
+  CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  CUdeviceptr b = 0;
+  *over = c.api.cuMemAlloc_v2(&b, 50 * MiB);
+  return s;
 }
 
 // Blocks live and cached in the current context: cudaMalloc'd and stream-ordered, small and
@@ -169,12 +184,8 @@ int main(int argc, char** argv) {
     CUcontext ctx1 = nullptr;
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
     CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
-    CUstream s = nullptr;
-    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    idle_segment_on(c, s, 40 * MiB);
-    CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
-    CUdeviceptr b = 0;
-    const CUresult during = c.api.cuMemAlloc_v2(&b, 50 * MiB);  // gives the 40 MiB back, parked
+    CUresult during = CUDA_SUCCESS;
+    parked_in_capture(c, &during);
     // cudaDeviceReset mid-capture: the context takes its memory, parked or not, with it.
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
@@ -210,6 +221,26 @@ int main(int argc, char** argv) {
     CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 1 * MiB) == CUDA_SUCCESS);  // device 0 carries on
     std::fprintf(stderr, "forget_traced %s: device 1's context went with 4 live blocks\n", how.c_str());
     return 0;
+  }
+
+  if (what == "limit_capture_getinfo") {  // memory_limit_mb:64
+    CUresult over = CUDA_SUCCESS;
+    const CUstream s = parked_in_capture(c, &over);
+    CUdeviceptr b = 0;
+    std::size_t during = 0, total = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&during, &total) == CUDA_SUCCESS);
+    // What it reports free, a request gets.
+    const CUresult got = c.api.cuMemAlloc_v2(&b, during);
+    CUgraph graph = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+    if (got == CUDA_SUCCESS) CHECK_OR_DIE(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
+    std::size_t after = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&after, &total) == CUDA_SUCCESS);
+    std::fprintf(stderr, "limit_capture_getinfo: 50 MiB during the capture: %d; cuMemGetInfo then: free %zu MiB "
+                 "of %zu, and a request of that much: %d; after the capture's end: free %zu MiB\n",
+                 over, during / MiB, total / MiB, got, after / MiB);
+    return over == CUDA_ERROR_OUT_OF_MEMORY && during <= 24 * MiB && got == CUDA_SUCCESS && after == 64 * MiB
+               ? 0 : 1;
   }
 
   if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048

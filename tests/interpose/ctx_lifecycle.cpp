@@ -17,6 +17,8 @@
 //                     reset before the capture's end
 //   limit_capture_getinfo  (the same limit) cuMemGetInfo during the capture counts such a
 //                     segment as in use: a request of the free bytes it reports is served
+//   limit_capture_refused  (the same limit) such a segment whose cuMemFree the driver refuses
+//                     after the capture goes back to the cache: it serves, or is freed, later
 //   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
 //                     memory idle in its cache gets that memory
 //   reclaim_fails     a request no release can make room for fails, after the other context's
@@ -240,6 +242,31 @@ int main(int argc, char** argv) {
                  "of %zu, and a request of that much: %d; after the capture's end: free %zu MiB\n",
                  over, during / MiB, total / MiB, got, after / MiB);
     return over == CUDA_ERROR_OUT_OF_MEMORY && during <= 24 * MiB && got == CUDA_SUCCESS && after == 64 * MiB
+               ? 0 : 1;
+  }
+
+  if (what == "limit_capture_refused") {  // memory_limit_mb:64
+    CUmemoryPool pool = nullptr;
+    const client::PFN_trim trim = client::default_pool_trim(c, &pool);
+    CHECK_OR_DIE(trim != nullptr);
+    CUresult during = CUDA_SUCCESS;
+    const CUstream s = parked_in_capture(c, &during);
+    c.fail_next("cuMemFree", 0, CUDA_ERROR_UNKNOWN);  // the parked free, at the capture's end
+    CUgraph graph = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+    const std::size_t frees = c.call_count("cuMemFree");
+    // The 40 MiB are still the device's: the cache must have them back, to serve or to free.
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 50 * MiB);
+    const std::size_t peak = c.snapshot().peak_bytes_in_use;
+    if (after == CUDA_SUCCESS) CHECK_OR_DIE(usable(c, d, 50 * MiB) && c.api.cuMemFree_v2(d) == CUDA_SUCCESS);
+    CHECK_OR_DIE(trim(pool, 0) == CUDA_SUCCESS);  // everything idle back to the driver
+    const std::size_t left = c.snapshot().bytes_in_use;
+    std::fprintf(stderr, "limit_capture_refused: 50 MiB during the capture: %d; cuMemFree calls by its end %zu "
+                 "(the parked one refused); 50 MiB after: %d (device peak %zu MiB); held by the driver after a "
+                 "trim to 0: %zu MiB\n", during, frees, after, peak / MiB, left / MiB);
+    return during == CUDA_ERROR_OUT_OF_MEMORY && frees == 1 && after == CUDA_SUCCESS && peak <= 64 * MiB &&
+                   left == 0
                ? 0 : 1;
   }
 

@@ -836,6 +836,41 @@ TEST_CASE("a segment the backend frees later keeps its room under the limit unti
   CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
 }
 
+TEST_CASE("a segment whose deferred free the device refuses comes back to the pool, counted once") {
+  // After a capture the driver backend frees the segments it parked; one the driver refuses
+  // then is still the device's: as after a refused plain free, it is an idle segment of the
+  // cache again, counted once under the limit, that serves or is given back at a later release.
+  TwoContexts two;
+  auto& budget = two.budget;
+  Fixture& a = two.a;
+  const DevicePtr p = a.get(40 * kMiB);
+  REQUIRE(a.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  a.sim.set_defer_frees(true);
+  CHECK(a.alloc.release_cached() == 40 * kMiB);
+  a.sim.fail_after(SimOp::kFree, 0);
+  a.sim.finish_deferred_frees();  // refused
+  CHECK(a.sim.used_bytes() == 40 * kMiB);
+  CHECK(budget->held() == 40 * kMiB);
+  SECTION("it serves") {
+    CHECK(a.get(40 * kMiB) == p);
+    CHECK(a.sim.segment_calls() == 1);
+    CHECK(a.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(40 * kMiB));
+    CHECK(budget->held() == 40 * kMiB);
+    REQUIRE(a.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  }
+  SECTION("a release gives it back") {}
+  SECTION("the context ends") {
+    a.alloc.forget_all();  // the device took it with the context
+    CHECK(budget->held() == 0);
+    return;
+  }
+  CHECK(a.alloc.release_cached() == 40 * kMiB);
+  CHECK(a.sim.used_bytes() == 0);
+  CHECK(budget->held() == 0);
+  CHECK(a.stat("reserved_bytes.all.current") == 0);
+  CHECK(a.stat("num_device_free") == 1);
+}
+
 TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
   // Two contexts of one device under one limit: the other's idle cache, released by the
   // reclaimer with no lock of the asking allocator held, serves the request, and only a

@@ -47,14 +47,17 @@ class SegmentBackend {
   virtual Status allocate_segment(std::size_t bytes, DevicePtr* out) = 0;
   // Returns the memory to the device. Callers fence first; the backend does not wait.
   // kDeferred: the device cannot take it back now (the driver forbids cuMemFree during a stream
-  // capture); the backend frees it later and then calls freed_later, so that the memory counts
+  // capture); the backend frees it later and then calls deferred_done, so that the memory counts
   // against the limit for as long as the device holds it.
   virtual Status free_segment(DevicePtr ptr, std::size_t bytes) = 0;
-  // Told of each free_segment that returned kDeferred, once, when the device took the memory
-  // back (or it went with its context), with its bytes; from any thread, with no lock of the
-  // allocator held. A free the device refuses then is not told: it stays counted. Set by the
-  // allocator over this backend, before its first allocation.
-  void set_freed_later(std::function<void(std::size_t)> f) { freed_later_ = std::move(f); }
+  // Told of each free_segment that returned kDeferred, once, with its address and bytes:
+  // `freed` when the device took the memory back (or it went with its context); not `freed`
+  // when the device refused it then, so that the memory, still the device's, is the caller's
+  // again (else nobody would hold it, nor ever free it). From any thread, possibly under the
+  // allocator's lock (a backend may free parked segments at its next segment or fence): it
+  // must take none. Set by the allocator over this backend, before its first allocation.
+  using DeferredDone = std::function<void(DevicePtr ptr, std::size_t bytes, bool freed)>;
+  void set_deferred_done(DeferredDone f) { deferred_done_ = std::move(f); }
 
   // --- ordering
   // A fence after all work queued so far on `stream`.
@@ -76,19 +79,20 @@ class SegmentBackend {
   virtual Status unmap(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
 
  protected:
-  void freed_later(std::size_t bytes) const {
-    if (freed_later_) freed_later_(bytes);
+  void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) const {
+    if (deferred_done_) deferred_done_(ptr, bytes, freed);
   }
-  // Frees segments deferred earlier, telling freed_later of each the device took back (one
-  // deferred again, or refused, is not told: it stays counted).
+  // Frees segments deferred earlier and tells deferred_done how each went (one deferred again,
+  // a capture having begun meanwhile, is told later).
   void free_deferred(const std::vector<std::pair<DevicePtr, std::size_t>>& frees) {
     for (const auto& [ptr, bytes] : frees) {
-      if (free_segment(ptr, bytes) == Status::kOk) freed_later(bytes);
+      const Status st = free_segment(ptr, bytes);
+      if (st != Status::kDeferred) deferred_done(ptr, bytes, st == Status::kOk);
     }
   }
 
  private:
-  std::function<void(std::size_t)> freed_later_;
+  DeferredDone deferred_done_;
 };
 
 }  // namespace cudalloc

@@ -90,6 +90,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   ++tick;
   if (attempt != Try::kAgain) ++stats.num_locked_allocs;
   merge_deltas();
+  take_back_refused();
   device_error = Status::kOk;
   // Past this, rounding would overflow; no device has that much memory anyway.
   constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
@@ -219,8 +220,8 @@ DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions
       device_(device),
       impl_(std::make_shared<Impl>(backend, options_, device)) {
   // Weak: a backend may outlive its allocator.
-  backend.set_freed_later([weak = std::weak_ptr<Impl>(impl_)](std::size_t bytes) {
-    if (auto m = weak.lock()) m->freed_later(bytes);
+  backend.set_deferred_done([weak = std::weak_ptr<Impl>(impl_)](DevicePtr ptr, std::size_t bytes, bool freed) {
+    if (auto m = weak.lock()) m->deferred_done(ptr, bytes, freed);
   });
 }
 
@@ -280,6 +281,7 @@ void DeviceAllocator::forget_all() {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
   m.merge_deltas();  // the cumulative counts the thread caches have not folded in yet
+  m.take_back_refused();  // went with the context too: forgotten (and reported) with the rest
   for (auto& cache : m.caches) {
     std::lock_guard cache_lock(cache->lock);
     cache->drain_bins([](Block*) {});
@@ -290,6 +292,7 @@ void DeviceAllocator::forget_all() {
     cache->reset_delta();
     cache->live.clear();
   }
+  m.report_forgotten();
   m.fences.clear();
   m.batch_fences.clear();
   m.live.clear();
@@ -346,6 +349,11 @@ std::size_t DeviceAllocator::cached_bytes() const {
 std::size_t DeviceAllocator::memory_limit() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->limit();
+}
+
+std::size_t DeviceAllocator::budget_held() const {
+  std::lock_guard lock(impl_->mutex);  // the budget's pointer, not its count, needs it
+  return impl_->budget->held();
 }
 
 void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {

@@ -81,6 +81,9 @@ class DeviceAllocator {
   // Bytes held from the device that no live block uses (free, or waiting on a fence).
   std::size_t cached_bytes() const;
   std::size_t memory_limit() const;
+  // What the device's budget holds against the limit (share_budget): every context's reserved
+  // bytes, and segments given back but not yet freed by the device (during a capture).
+  std::size_t budget_held() const;
   void set_memory_limit(std::size_t bytes);  // 0 = back to the configured limit
   // The options in force: expandable_segments is off where the backend has no virtual memory.
   const AllocatorOptions& options() const { return options_; }

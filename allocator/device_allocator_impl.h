@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
+#include "allocator/spin_lock.h"
 #include "allocator/stream_fence.h"
 #include "allocator/thread_cache.h"
 
@@ -63,6 +65,19 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
   // Segments the backend frees later (kDeferred), still claimed in `budget` until it has.
   std::atomic<std::size_t> freeing{0};
+  // The same segments by address, with what it takes to put one back in its pool should the
+  // device refuse its free later (`refused`, and `any_refused` set, until take_back_refused).
+  // Under `parked_lock`, which is taken last: the backend reports from any thread, maybe
+  // under `mutex`.
+  struct Parked {
+    std::size_t size = 0;
+    PoolKind kind = PoolKind::kSmall;
+    StreamHandle stream = 0;
+    bool refused = false;
+  };
+  SpinLock parked_lock;
+  std::map<DevicePtr, Parked> parked;
+  std::atomic<bool> any_refused{false};
   std::function<bool()> reclaimer;  // set_reclaimer; empty: none
 
   std::size_t limit() const {
@@ -191,8 +206,14 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Segment* add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream);
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
-  // The backend freed a segment it had deferred (backend.h); no lock needed.
-  void freed_later(std::size_t bytes);
+  // The backend freed (or the device refused) a segment it had deferred (backend.h); takes
+  // only `parked_lock`.
+  void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed);
+  // Segments whose deferred free the device refused become idle segments of their pools again.
+  void take_back_refused();
+  // Tells the observer that every live block and every segment went with the context
+  // (forget_all), the totals falling to zero; no device call.
+  void report_forgotten();
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
   std::size_t device_limit() const override { return limit(); }
   bool claim(std::size_t bytes) override;

@@ -66,11 +66,19 @@ bool Impl::free_segment(Segment* s) {
   note_device_free(kind, stream, base, size);
   // The room under the limit is given back only once the device took the memory back: given
   // back before, another context of the device could claim it while the device still held
-  // both, and for good if the device refused. A deferred free gives it back in freed_later
-  // (counted first: that may run on another thread before free_segment returns here).
+  // both, and for good if the device refused. A deferred free gives it back in deferred_done
+  // (counted and parked first: that may run on another thread before free_segment returns).
   freeing.fetch_add(size, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(parked_lock);
+    parked[base] = Parked{size, kind, stream};
+  }
   const Status st = backend.free_segment(base, size);
   if (st == Status::kDeferred) return true;
+  {
+    std::lock_guard lock(parked_lock);
+    parked.erase(base);
+  }
   freeing.fetch_sub(size, std::memory_order_relaxed);
   if (st == Status::kOk) {
     unclaim(size);
@@ -85,9 +93,75 @@ bool Impl::free_segment(Segment* s) {
   return false;
 }
 
-void Impl::freed_later(std::size_t bytes) {
+void Impl::deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) {
+  {
+    std::lock_guard lock(parked_lock);
+    const auto it = parked.find(ptr);
+    if (!freed && it != parked.end()) {
+      // Still the device's, and still claimed: the next locked step takes it back (this may
+      // run under `mutex`, or on a thread that must not wait for it).
+      it->second.refused = true;
+      any_refused.store(true, std::memory_order_release);
+      return;
+    }
+    if (it != parked.end()) parked.erase(it);
+  }
+  if (!freed) return;  // not one of ours: nothing to give back
   freeing.fetch_sub(bytes, std::memory_order_relaxed);
   unclaim(bytes);
+}
+
+// As after a refused plain free (free_segment): an idle segment of its pool again, its room
+// still claimed, given back at the next release. Under the lock.
+void Impl::take_back_refused() {
+  if (!any_refused.load(std::memory_order_acquire)) return;
+  std::vector<std::pair<DevicePtr, Parked>> back;
+  {
+    std::lock_guard lock(parked_lock);
+    any_refused.store(false, std::memory_order_relaxed);
+    for (auto it = parked.begin(); it != parked.end();) {
+      if (it->second.refused) {
+        back.emplace_back(*it);
+        it = parked.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& [base, p] : back) {
+    freeing.fetch_sub(p.size, std::memory_order_relaxed);
+    Segment* s = add_segment(base, p.size, p.kind, p.stream);
+    --stats.num_device_alloc;  // the memory never left: no new device allocation
+    --stats.num_device_free;   // and the free counted in free_segment did not happen
+    blocks.insert(s->first);
+  }
+}
+
+// Observers would otherwise never hear that this memory went: a sanitizer's NVTX heaps and
+// regions stayed registered over addresses the driver may hand to someone else, and a trace
+// showed the context's blocks live and its memory reserved for good. Each live block gets a
+// free (as the program's own would read), before the end of the segment it lies in; then each
+// segment, or each mapped chunk of an expandable one (as it was reported), a segment free.
+void Impl::report_forgotten() {
+  if (observer.load(std::memory_order_acquire) == nullptr) return;
+  std::size_t reserved = segments.bytes();
+  segments.for_each([&](Segment* s) {
+    for (Block* b = s->first; b != nullptr; b = b->next) {
+      if (b->state != BlockState::kAllocated) continue;
+      count_allocated(-static_cast<std::int64_t>(b->size));
+      notify(EventKind::kFree, b->stream, b->ptr, b->requested, b->size);
+    }
+    const auto gone = [&](DevicePtr ptr, std::size_t bytes) {
+      reserved -= bytes;
+      reserved_now.store(reserved, std::memory_order_relaxed);
+      notify(EventKind::kSegmentFree, s->stream, ptr, bytes, bytes);
+    };
+    if (!s->expandable) {
+      gone(s->base, s->size);
+    } else {
+      for (const auto& [ptr, bytes] : s->chunks) gone(ptr, bytes);
+    }
+  });
 }
 
 Block* Impl::obtain(StreamHandle stream, std::size_t rounded, PoolKind kind) {

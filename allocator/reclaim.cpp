@@ -103,6 +103,7 @@ Block* Impl::adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKi
 }
 
 std::size_t Impl::release_idle(std::size_t keep) {
+  take_back_refused();  // their free is tried again with the rest
   const std::size_t before = reserved();
   drain_all(true);
   wait_pending();

@@ -71,7 +71,7 @@ class SimBackend final : public SegmentBackend {
   void during_next(SimOp op, std::function<void()> f);
   // While on, free_segment frees nothing and answers kDeferred, as the driver backend does
   // during a stream capture; finish_deferred_frees() then frees those segments and tells the
-  // allocator (SegmentBackend::set_freed_later).
+  // allocator (SegmentBackend::set_deferred_done).
   void set_defer_frees(bool defer);
   void finish_deferred_frees();
 

@@ -217,7 +217,7 @@ bool DriverBackend::dead() const {
 
 void DriverBackend::mark_dead() {
   std::vector<std::shared_ptr<Tail>> tails;  // released after the lock: ~Tail takes it
-  std::size_t deferred = 0;
+  std::vector<std::pair<DevicePtr, std::size_t>> deferred;
   {
     std::lock_guard lock(mutex_);
     dead_ = true;
@@ -226,12 +226,11 @@ void DriverBackend::mark_dead() {
     non_blocking_.clear();
     tails.swap(tails_);
     mapped_.clear();
-    for (const auto& [ptr, bytes] : deferred_frees_) deferred += bytes;
-    deferred_frees_.clear();
+    deferred.swap(deferred_frees_);
   }
   // The segments whose free waited for a capture's end went with the context: their room
   // under the limit is free now.
-  if (deferred != 0) freed_later(deferred);
+  for (const auto& [ptr, bytes] : deferred) deferred_done(ptr, bytes, true);
 }
 
 CUevent DriverBackend::take_event() {

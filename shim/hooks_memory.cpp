@@ -258,17 +258,17 @@ CUDALLOC_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   if (s == nullptr) return r;
   // The limit, like the driver's figures, is the device's: every context of it counts.
   std::size_t device_cached = 0;
-  std::size_t in_use = 0;
   for (ContextState* other : ps->contexts.live()) {
-    if (other->device != s->device) continue;
-    const std::size_t cached = other->allocator.cached_bytes();
-    const auto reserved = static_cast<std::size_t>(other->allocator.stats().reserved_bytes[kStatAll].current);
-    device_cached += cached;
-    in_use += reserved > cached ? reserved - cached : 0;
+    if (other->device == s->device) device_cached += other->allocator.cached_bytes();
   }
   std::size_t free_now = *free_bytes + device_cached;
   const AllocatorOptions& o = runtime().config.allocator;
   if (o.memory_limit_bytes != 0 || o.per_process_memory_fraction < 1.0) {
+    // In use is what the device's budget holds, less what idle caches could give back: the
+    // budget also counts segments given back during a capture whose cuMemFree still waits,
+    // which no context reserves any more but no request can have either.
+    const std::size_t held = s->allocator.budget_held();
+    const std::size_t in_use = held > device_cached ? held - device_cached : 0;
     const std::size_t limit = s->allocator.memory_limit();
     free_now = std::min(free_now, limit > in_use ? limit - in_use : 0);
     *total_bytes = std::min(*total_bytes, limit);

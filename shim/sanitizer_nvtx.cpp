@@ -34,7 +34,9 @@ class NvtxMemObserver final : public AllocatorObserver {
       }
       switch (e.kind) {
         case EventKind::kSegmentAlloc:
-          drop_heaps(e.ptr, e.requested);  // left by a context destroyed under the cache
+          // A context's end reports its heaps gone (forget_all); this only catches one whose
+          // end was missed (an event dropped below for want of memory).
+          drop_heaps(e.ptr, e.requested);
           heaps_[e.ptr] = Heap{e.requested, register_heap(e.ptr, e.requested)};
           break;
         case EventKind::kSegmentFree:

@@ -15,6 +15,10 @@
                                        (no_vmm.cpp): the program exits 0, one warning names device 1,
                                        device 1's trace records are plain segments (device 0's are
                                        expandable), and device 1's statistics say expandable is off
+  check_process.py forgotten SCRIPTS EXE [ARGS]   CUDALLOC_TRACE: the program's device-1 context went
+                                       with blocks live and cached; read with scripts/trace, the
+                                       trace frees every block and segment of device 1, its totals
+                                       end at zero, and an export holds nothing of it
   check_process.py profiled EXE [ARGS] CUDALLOC_PROFILE=1: every hook call of passthrough_check
                                        counted (51 cuMemAlloc, 50 cuMemFree, its segment); unset or
                                        0, no profile is printed
@@ -153,6 +157,35 @@ def no_vmm(argv):
         return 0 if all(checks.values()) else 1
 
 
+def forgotten(scripts, argv):
+    sys.path.insert(0, os.path.join(scripts, 'trace'))
+    import ct_export, ct_reader
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, 'run.trace')
+        p = subprocess.run(argv, env=dict(os.environ, CUDALLOC_TRACE=path), capture_output=True,
+                           text=True, timeout=60)
+        print('rc', p.returncode, p.stderr.strip())
+        if p.returncode != 0:
+            return 1
+        dev1 = [r for r in ct_reader.open_trace(path).records() if r.device == 1 and r.result == 'ok']
+        n = {e: sum(1 for r in dev1 if r.event == e) for e in ('alloc', 'free', 'segment_alloc', 'segment_free')}
+        seg_bytes = {e: sum(r.requested for r in dev1 if r.event == e) for e in ('segment_alloc', 'segment_free')}
+        # The export replays segments and live blocks from the records: a block never freed
+        # would show as live, in a segment of its own if its segment's end was recorded.
+        snap = ct_export.torch_snapshot(ct_reader.open_trace(path), lambda pcs: [])
+        left = [(hex(s['address']), s['total_size'], len(s['blocks'])) for s in snap['segments'] if s['device'] == 1]
+        last = dev1[-1] if dev1 else None
+        checks = {
+            'device 1 traced': n['alloc'] >= 6 and n['segment_alloc'] >= 3,
+            'every block freed': n['free'] == n['alloc'],
+            'every segment given back': seg_bytes['segment_alloc'] == seg_bytes['segment_free'],
+            'totals end at zero': last is not None and last.allocated == 0 and last.reserved == 0,
+            'nothing of device 1 in the export': not left,
+        }
+        print(checks, n, seg_bytes, 'last', last, 'left', left)
+        return 0 if all(checks.values()) else 1
+
+
 def profiled(argv):
     counts = {}
     for value in ('1', '0', None):
@@ -184,6 +217,8 @@ if __name__ == '__main__':
         sys.exit(oom_records(int(arg), sys.argv[3:]))
     if mode == 'no_vmm':
         sys.exit(no_vmm(sys.argv[2:]))
+    if mode == 'forgotten':
+        sys.exit(forgotten(arg, sys.argv[3:]))
     if mode == 'profiled':
         sys.exit(profiled(sys.argv[2:]))
     if mode == 'needed':

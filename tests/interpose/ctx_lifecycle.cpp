@@ -15,11 +15,18 @@
 //                     under the limit until then
 //   limit_capture_reset  (the same limit) such a segment's room comes back when its context is
 //                     reset before the capture's end
+//   limit_capture_getinfo  (the same limit) cuMemGetInfo during the capture counts such a
+//                     segment as in use: a request of the free bytes it reports is served
+//   limit_capture_refused  (the same limit) such a segment whose cuMemFree the driver refuses
+//                     after the capture goes back to the cache: it serves, or is freed, later
 //   reclaim_two_ctx   a request the device cannot serve while another context of it holds the
 //                     memory idle in its cache gets that memory
 //   reclaim_fails     a request no release can make room for fails, after the other context's
 //                     idle cache was released (run by check_process.py oom_records: the failure
 //                     is one OOM in the trace and the statistics, and reclaim_two_ctx's success none)
+//   forget_traced reset|destroy   a context of device 1 (its primary context, reset; or one of
+//                     cuCtxCreate, destroyed) goes with blocks live and cached (run by
+//                     check_process.py forgotten: the trace says they all went, totals at zero)
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -65,6 +72,32 @@ static void idle_segment_on(Client& c, CUstream s, std::size_t bytes) {
   CUdeviceptr a = 0;
   CHECK_OR_DIE(c.api.cuMemAllocAsync(&a, bytes, s) == CUDA_SUCCESS);
   CHECK_OR_DIE(c.api.cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+}
+
+// Under memory_limit_mb:64: 40 MiB idle in the cache on a new stream, a relaxed capture begun
+// on it, then a 50 MiB cuMemAlloc (its result in *over): it gives the 40 MiB segment back, and
+// the segment's cuMemFree is parked until the capture's end. Returns the capturing stream.
+static CUstream parked_in_capture(Client& c, CUresult* over) {
+  CUstream s = nullptr;
+  CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  idle_segment_on(c, s, 40 * MiB);
+  CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  CUdeviceptr b = 0;
+  *over = c.api.cuMemAlloc_v2(&b, 50 * MiB);
+  return s;
+}
+
+// Blocks live and cached in the current context: cudaMalloc'd and stream-ordered, small and
+// large, live; freed into the thread's cache, behind a device fence, and a whole idle segment.
+static void live_and_cached(Client& c, CUstream s) {
+  CUdeviceptr p = 0;
+  for (std::size_t n : {std::size_t{1000}, 30 * MiB}) CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  for (std::size_t n : {std::size_t{3000}, 5 * MiB}) CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, n, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemAllocAsync(&p, 4000, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 2000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  idle_segment_on(c, s, 40 * MiB);
 }
 
 int main(int argc, char** argv) {
@@ -153,12 +186,8 @@ int main(int argc, char** argv) {
     CUcontext ctx1 = nullptr;
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
     CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
-    CUstream s = nullptr;
-    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    idle_segment_on(c, s, 40 * MiB);
-    CHECK_OR_DIE(c.api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
-    CUdeviceptr b = 0;
-    const CUresult during = c.api.cuMemAlloc_v2(&b, 50 * MiB);  // gives the 40 MiB back, parked
+    CUresult during = CUDA_SUCCESS;
+    parked_in_capture(c, &during);
     // cudaDeviceReset mid-capture: the context takes its memory, parked or not, with it.
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
     CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
@@ -168,6 +197,77 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "limit_capture_reset: 50 MiB during the capture: %d; 60 MiB after the reset: %d\n",
                  during, after);
     return after == CUDA_SUCCESS && usable(c, d, 60 * MiB) ? 0 : 1;
+  }
+
+  if (what == "forget_traced") {  // FAKE_CUDA_DEVICES=2
+    const std::string how = argc > 2 ? argv[2] : "";
+    auto create = proc<CtxCreateFn>(c, "cuCtxCreate", 3020);
+    auto destroy = proc<CtxDestroyFn>(c, "cuCtxDestroy", 4000);
+    CUcontext ctx1 = nullptr;
+    if (how == "destroy") {
+      CHECK_OR_DIE(create(&ctx1, 0, 1) == CUDA_SUCCESS);  // device 1, pushed
+    } else {
+      CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+      CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+    }
+    CUstream s = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    live_and_cached(c, s);
+    if (how == "destroy") {
+      CHECK_OR_DIE(destroy(ctx1) == CUDA_SUCCESS);
+    } else {
+      CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
+    }
+    CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 1 * MiB) == CUDA_SUCCESS);  // device 0 carries on
+    std::fprintf(stderr, "forget_traced %s: device 1's context went with 4 live blocks\n", how.c_str());
+    return 0;
+  }
+
+  if (what == "limit_capture_getinfo") {  // memory_limit_mb:64
+    CUresult over = CUDA_SUCCESS;
+    const CUstream s = parked_in_capture(c, &over);
+    CUdeviceptr b = 0;
+    std::size_t during = 0, total = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&during, &total) == CUDA_SUCCESS);
+    // What it reports free, a request gets.
+    const CUresult got = c.api.cuMemAlloc_v2(&b, during);
+    CUgraph graph = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+    if (got == CUDA_SUCCESS) CHECK_OR_DIE(c.api.cuMemFree_v2(b) == CUDA_SUCCESS);
+    std::size_t after = 0;
+    CHECK_OR_DIE(c.api.cuMemGetInfo_v2(&after, &total) == CUDA_SUCCESS);
+    std::fprintf(stderr, "limit_capture_getinfo: 50 MiB during the capture: %d; cuMemGetInfo then: free %zu MiB "
+                 "of %zu, and a request of that much: %d; after the capture's end: free %zu MiB\n",
+                 over, during / MiB, total / MiB, got, after / MiB);
+    return over == CUDA_ERROR_OUT_OF_MEMORY && during <= 24 * MiB && got == CUDA_SUCCESS && after == 64 * MiB
+               ? 0 : 1;
+  }
+
+  if (what == "limit_capture_refused") {  // memory_limit_mb:64
+    CUmemoryPool pool = nullptr;
+    const client::PFN_trim trim = client::default_pool_trim(c, &pool);
+    CHECK_OR_DIE(trim != nullptr);
+    CUresult during = CUDA_SUCCESS;
+    const CUstream s = parked_in_capture(c, &during);
+    c.fail_next("cuMemFree", 0, CUDA_ERROR_UNKNOWN);  // the parked free, at the capture's end
+    CUgraph graph = nullptr;
+    CHECK_OR_DIE(c.api.cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+    const std::size_t frees = c.call_count("cuMemFree");
+    // The 40 MiB are still the device's: the cache must have them back, to serve or to free.
+    CUdeviceptr d = 0;
+    const CUresult after = c.api.cuMemAlloc_v2(&d, 50 * MiB);
+    const std::size_t peak = c.snapshot().peak_bytes_in_use;
+    if (after == CUDA_SUCCESS) CHECK_OR_DIE(usable(c, d, 50 * MiB) && c.api.cuMemFree_v2(d) == CUDA_SUCCESS);
+    CHECK_OR_DIE(trim(pool, 0) == CUDA_SUCCESS);  // everything idle back to the driver
+    const std::size_t left = c.snapshot().bytes_in_use;
+    std::fprintf(stderr, "limit_capture_refused: 50 MiB during the capture: %d; cuMemFree calls by its end %zu "
+                 "(the parked one refused); 50 MiB after: %d (device peak %zu MiB); held by the driver after a "
+                 "trim to 0: %zu MiB\n", during, frees, after, peak / MiB, left / MiB);
+    return during == CUDA_ERROR_OUT_OF_MEMORY && frees == 1 && after == CUDA_SUCCESS && peak <= 64 * MiB &&
+                   left == 0
+               ? 0 : 1;
   }
 
   if (what == "reclaim_two_ctx") {  // FAKE_CUDA_MEMORY_MB=2048

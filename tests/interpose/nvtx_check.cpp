@@ -5,6 +5,8 @@
 // and segments released under memory pressure have their heaps unregistered.
 //   nvtx_check          all of that
 //   nvtx_check order    only that each heap is unregistered before its segment's driver free
+//   nvtx_check reset    (FAKE_CUDA_DEVICES=2) a context reset with blocks live and cached
+//                       unregisters its heaps and regions at once
 #include <dlfcn.h>
 
 #include <atomic>
@@ -70,11 +72,45 @@ struct Live {
   CUstream s = nullptr;  // cudaMallocAsync'd on it; null: cudaMalloc
 };
 
+// Device 1's primary context is reset (cudaDeviceReset) with blocks live and cached: the
+// memory went with it, so its heaps and regions must go then, not when a later segment happens
+// to overlap them (memcheck would take memory placed there by another allocator for cudalloc's).
+int reset_unregisters(client::Client& c) {
+  CUcontext ctx1 = nullptr;
+  CHECK_OR_DIE(c.api.cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuCtxSetCurrent(ctx1) == CUDA_SUCCESS);
+  std::vector<Live> live;
+  for (size_t n : {size_t{100}, size_t{70000}, (size_t{3} << 20) + 5, size_t{25} << 20}) {
+    CUdeviceptr p = 0;
+    CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    CHECK_OR_DIE(has_region(p, n));
+    live.push_back({p, n});
+  }
+  CHECK_OR_DIE(c.api.cuMemFree_v2(live.back().p) == CUDA_SUCCESS);  // cached
+  const fake_nvtx_stats_t before = injection().snapshot();
+  CHECK_OR_DIE(c.api.cuDevicePrimaryCtxReset_v2(1) == CUDA_SUCCESS);
+  const fake_nvtx_stats_t after = injection().snapshot();
+  std::fprintf(stderr, "reset: heaps live %llu -> %llu, regions live %llu -> %llu\n",
+               (unsigned long long)before.heaps_live, (unsigned long long)after.heaps_live,
+               (unsigned long long)before.regions_live, (unsigned long long)after.regions_live);
+  check_no_errors();
+  CHECK_OR_DIE(before.heaps_live >= 2 && before.regions_live == live.size() - 1);
+  CHECK_OR_DIE(after.heaps_live == 0 && after.regions_live == 0);
+  // Device 0 goes on registering as before.
+  CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 4000) == CUDA_SUCCESS);
+  CHECK_OR_DIE(has_region(p, 4000));
+  check_no_errors();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool order_only = argc > 1 && std::strcmp(argv[1], "order") == 0;
   client::Client& c = client::client();
+  if (argc > 1 && std::strcmp(argv[1], "reset") == 0) return reset_unregisters(c);
   c.reset_stats();
   size_t program_allocs = 0;
   auto alloc = [&](size_t n) {

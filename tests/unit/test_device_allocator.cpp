@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -834,6 +836,41 @@ TEST_CASE("a segment the backend frees later keeps its room under the limit unti
   CHECK(b.alloc.allocate(40 * kMiB, kNoStream, &p) == Status::kOk);
 }
 
+TEST_CASE("a segment whose deferred free the device refuses comes back to the pool, counted once") {
+  // After a capture the driver backend frees the segments it parked; one the driver refuses
+  // then is still the device's: as after a refused plain free, it is an idle segment of the
+  // cache again, counted once under the limit, that serves or is given back at a later release.
+  TwoContexts two;
+  auto& budget = two.budget;
+  Fixture& a = two.a;
+  const DevicePtr p = a.get(40 * kMiB);
+  REQUIRE(a.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  a.sim.set_defer_frees(true);
+  CHECK(a.alloc.release_cached() == 40 * kMiB);
+  a.sim.fail_after(SimOp::kFree, 0);
+  a.sim.finish_deferred_frees();  // refused
+  CHECK(a.sim.used_bytes() == 40 * kMiB);
+  CHECK(budget->held() == 40 * kMiB);
+  SECTION("it serves") {
+    CHECK(a.get(40 * kMiB) == p);
+    CHECK(a.sim.segment_calls() == 1);
+    CHECK(a.stat("reserved_bytes.all.current") == static_cast<std::int64_t>(40 * kMiB));
+    CHECK(budget->held() == 40 * kMiB);
+    REQUIRE(a.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  }
+  SECTION("a release gives it back") {}
+  SECTION("the context ends") {
+    a.alloc.forget_all();  // the device took it with the context
+    CHECK(budget->held() == 0);
+    return;
+  }
+  CHECK(a.alloc.release_cached() == 40 * kMiB);
+  CHECK(a.sim.used_bytes() == 0);
+  CHECK(budget->held() == 0);
+  CHECK(a.stat("reserved_bytes.all.current") == 0);
+  CHECK(a.stat("num_device_free") == 1);
+}
+
 TEST_CASE("a reclaimer's memory serves a request before it counts as out of memory") {
   // Two contexts of one device under one limit: the other's idle cache, released by the
   // reclaimer with no lock of the asking allocator held, serves the request, and only a
@@ -965,6 +1002,75 @@ TEST_CASE("forget_all drops everything without touching the device") {
   CHECK(f.stat("reserved_bytes.all.current") == 0);
   CHECK(f.stat("num_device_alloc") == 2);
   f.get(4096);  // still works
+}
+
+TEST_CASE("forget_all tells the observer that every live block and segment went, totals ending at zero") {
+  // A context destroyed or reset under the cache: observers (the trace, the sanitizer's NVTX
+  // registration) hear of each live block's end before its segment's, with no device call.
+  const bool expandable = GENERATE(false, true);
+  CAPTURE(expandable);
+  struct Recorder : AllocatorObserver {
+    std::vector<AllocatorEvent> events;
+    void on_event(const AllocatorEvent& e) noexcept override { events.push_back(e); }
+  } rec;
+  AllocatorOptions o;
+  o.expandable_segments = expandable;
+  Fixture f(o);
+  f.alloc.set_observer(&rec);
+  std::map<DevicePtr, std::size_t> live;  // address -> requested
+  for (auto [n, s] : {std::pair{std::size_t{1000}, kNoStream}, std::pair{std::size_t{3000}, kStreamA},
+                      std::pair{30 * kMiB, kNoStream}, std::pair{5 * kMiB + 7, kStreamA}}) {
+    live[f.get(n, s)] = n;
+  }
+  // Cached memory: in the thread's cache, waiting for a fence, an idle segment.
+  REQUIRE(f.alloc.free(f.get(2000, kStreamA), FreeOrder::kStream, kStreamA) == Status::kOk);
+  f.sim.enqueue(kStreamB);
+  REQUIRE(f.alloc.free(f.get(12 * kMiB, kStreamB), FreeOrder::kStream, kStreamA) == Status::kOk);
+  REQUIRE(f.alloc.free(f.get(40 * kMiB), FreeOrder::kCompleted) == Status::kOk);
+  std::map<DevicePtr, std::size_t> held;  // segments (or mapped chunks) the device gave
+  for (const AllocatorEvent& e : rec.events) {
+    if (e.kind == EventKind::kSegmentAlloc) held[e.ptr] = e.requested;
+    if (e.kind == EventKind::kSegmentFree) held.erase(e.ptr);
+  }
+  REQUIRE_FALSE(held.empty());
+  const std::size_t frees_before = f.sim.free_calls(), unmaps_before = f.sim.unmap_calls();
+  const std::size_t first = rec.events.size();
+
+  f.alloc.forget_all();
+
+  CHECK(f.sim.free_calls() == frees_before);  // the device is not asked
+  CHECK(f.sim.unmap_calls() == unmaps_before);
+  REQUIRE(rec.events.size() > first);
+  std::map<DevicePtr, std::size_t> freed;
+  std::size_t allocated = SIZE_MAX, reserved = SIZE_MAX;
+  for (std::size_t i = first; i < rec.events.size(); ++i) {
+    const AllocatorEvent& e = rec.events[i];
+    CAPTURE(i, e.ptr);
+    CHECK(e.allocated_after <= allocated);  // the totals only fall
+    CHECK(e.reserved_after <= reserved);
+    allocated = e.allocated_after;
+    reserved = e.reserved_after;
+    if (e.kind == EventKind::kFree) {
+      // Before its segment's end: a sanitizer's region goes before its heap.
+      const auto seg = held.upper_bound(e.ptr);
+      CHECK((seg != held.begin() && e.ptr < std::prev(seg)->first + std::prev(seg)->second));
+      freed[e.ptr] = e.requested;
+    } else {
+      REQUIRE(e.kind == EventKind::kSegmentFree);
+      CHECK(held.count(e.ptr) == 1);
+      CHECK(e.requested == held[e.ptr]);
+      held.erase(e.ptr);
+    }
+  }
+  CHECK(freed == live);
+  CHECK(held.empty());  // every segment the device gave, reported gone
+  CHECK(rec.events.back().allocated_after == 0);
+  CHECK(rec.events.back().reserved_after == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+  // The allocator goes on, its totals from zero.
+  f.get(4096);
+  CHECK(rec.events.back().kind == EventKind::kAlloc);
+  CHECK(rec.events.back().allocated_after == 4096);
 }
 
 TEST_CASE("an observer sees allocations, frees, segments and OOMs") {

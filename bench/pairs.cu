@@ -1,5 +1,7 @@
 // Allocate+free pair latency, the way legacy CUDA codes call it (static runtime by default).
 //   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T [--no-streams]] [--mix LIVE]
+//   pairs --async --vs-pool [--iters N] [--size BYTES] [--rounds R]
+//   pairs [--async] --threads-ab A,B [--iters N] [--rounds R] [--no-streams]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -9,6 +11,14 @@
 // as in a legacy code, whose device fences order reuse without waiting (shim/driver_backend.h).
 // --repeat N times each size N times in one process, each timing between two runs of a fixed
 // CPU loop (reference_before_ns, reference_after_ns): scripts/pair-over-time reads them.
+// --vs-pool times cudaMallocAsync pairs and cudaMallocFromPoolAsync pairs on the device's default
+// pool in one process, in alternating blocks: under cudalloc the first are cudalloc's and the
+// second the driver's pool (cudalloc passes pool allocations through), so both run on the same
+// vCPU at the same time. The GPU machine's vCPUs run the same instructions at speeds up to 2x
+// apart, and separate processes drew different ones (docs/benchmarks.md, stop 27). Natively both
+// are the pool, which checks that the two calls cost the same.
+// --threads-ab A,B runs the --threads loop with A threads, then B, alternating for R rounds in one
+// process, and gives each count's median and their ratio.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -160,9 +170,9 @@ static void mix(size_t max_live, bool async, int ops) {
   for (void* p : live) release(p, async, s);
 }
 
-static void threads(int n, size_t size, bool async, int iters, bool streams) {
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
+static double threads(int n, size_t size, bool async, int iters, bool streams) {
+  std::atomic<int> ready{0}, done{0};
+  std::atomic<bool> go{false}, finished{false};
   std::vector<std::thread> ts;
   for (int t = 0; t < n; ++t) {
     ts.emplace_back([&] {
@@ -174,14 +184,80 @@ static void threads(int n, size_t size, bool async, int iters, bool streams) {
       ready++;
       while (!go) std::this_thread::yield();
       for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+      done++;
+      // Destroyed once every thread is done, so that no destroy lands inside another's timing.
+      while (!finished) std::this_thread::yield();
+      if (s) cudaStreamDestroy(s);
     });
   }
   while (ready < n) std::this_thread::yield();
   auto t0 = Clock::now();
   go = true;
-  for (auto& t : ts) t.join();
+  while (done < n) std::this_thread::yield();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("threads=%d size=%zu async=%d pairs_per_s=%.0f\n", n, size, async, n * iters / s);
+  finished = true;
+  for (auto& t : ts) t.join();
+  return n * iters / s;
+}
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Alternating rounds of `a` and `b` threads in this process (the order flips each round).
+static void threads_ab(int a, int b, size_t size, bool async, int iters, bool streams, int rounds) {
+  std::vector<double> ra, rb;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool first_a = (r % 2 == 0) == (k == 0);
+      const int n = first_a ? a : b;
+      const double rate = threads(n, size, async, iters, streams);
+      (first_a ? ra : rb).push_back(rate);
+      std::printf("threads_round round=%d threads=%d size=%zu async=%d pairs_per_s=%.0f\n", r, n, size, async, rate);
+    }
+  }
+  std::printf("threads_ab a=%d b=%d size=%zu async=%d a_pairs_per_s=%.0f b_pairs_per_s=%.0f ratio=%.2f\n", a, b, size,
+              async, median(ra), median(rb), median(rb) / median(ra));
+}
+
+// cudaMallocAsync pairs against cudaMallocFromPoolAsync pairs on the default pool, in alternating
+// blocks of this process (see the header).
+static void vs_pool(size_t size, int iters, int rounds) {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaMemPool_t pool;
+  cudaDeviceGetDefaultMemPool(&pool, 0);
+  auto pool_pair = [&] {
+    void* p = nullptr;
+    cudaError_t e = cudaMallocFromPoolAsync(&p, size, pool, s);
+    if (e != cudaSuccess) die(e, "cudaMallocFromPoolAsync");
+    release(p, true, s);
+  };
+  auto ours_pair = [&] { release(alloc(size, true, s), true, s); };
+  for (auto until = Clock::now() + std::chrono::milliseconds(50); Clock::now() < until;) {
+    for (int i = 0; i < 100; ++i) ours_pair(), pool_pair();
+  }
+  const int windows = std::max(1, iters / kWindow / rounds);
+  std::vector<double> ours, theirs;
+  auto block = [&](auto& pair, std::vector<double>& out) {
+    for (int w = 0; w < windows; ++w) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < kWindow; ++i) pair();
+      out.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow);
+    }
+  };
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) block(ours_pair, ours), block(pool_pair, theirs);
+    else block(pool_pair, theirs), block(ours_pair, ours);
+  }
+  std::sort(ours.begin(), ours.end());
+  std::sort(theirs.begin(), theirs.end());
+  auto p99 = [](const std::vector<double>& v) { return v[static_cast<size_t>(v.size() * 0.99)]; };
+  const double a = ours[ours.size() / 2], b = theirs[theirs.size() / 2];
+  std::printf("vs_pool size=%zu ours_median_ns=%.0f ours_p99_ns=%.0f pool_median_ns=%.0f pool_p99_ns=%.0f ratio=%.2f\n",
+              size, a, p99(ours), b, p99(theirs), b / a);
+  cudaStreamDestroy(s);
 }
 
 int main(int argc, char** argv) {
@@ -191,6 +267,8 @@ int main(int argc, char** argv) {
   int repeat = 1;  // --repeat N: time each size N times in this process, between reference_ns() runs
   bool probe = false;  // what one cuCtxGetCurrent costs (the shim asks it per cudaMalloc)
   bool streams = true;  // --threads: each thread makes a non-blocking stream
+  bool against_pool = false;
+  int ab_a = 0, ab_b = 0, rounds = 10;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -201,6 +279,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-streams")) streams = false;
     else if (!std::strcmp(argv[i], "--repeat")) repeat = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--vs-pool")) against_pool = true;
+    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--threads-ab")) {
+      if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
+        std::fprintf(stderr, "--threads-ab wants two thread counts, as 1,8\n");
+        return 2;
+      }
+    }
   }
   cudaFree(nullptr);  // create the context outside the timings
   if (drv.on) {
@@ -249,18 +335,28 @@ int main(int argc, char** argv) {
 #endif
     return sum == 42 ? 1 : 0;  // keeps the loops
   }
-  if (nthreads > 0) {
-    if (async && !streams) {
-      std::fprintf(stderr, "--no-streams is for cudaMalloc pairs\n");
-      return 2;
-    }
-    threads(nthreads, only_size != 0 ? only_size : 64 * 1024, async, iters, streams);
+  if (async && !streams && (nthreads > 0 || ab_a > 0)) {
+    std::fprintf(stderr, "--no-streams is for cudaMalloc pairs\n");
+    return 2;
+  }
+  if (against_pool && (!async || drv.on)) {
+    std::fprintf(stderr, "--vs-pool times runtime async pairs: give --async, not --driver\n");
+    return 2;
+  }
+  const size_t thread_size = only_size != 0 ? only_size : 64 * 1024;
+  if (ab_a > 0) {
+    threads_ab(ab_a, ab_b, thread_size, async, iters, streams, rounds);
+  } else if (nthreads > 0) {
+    std::printf("threads=%d size=%zu async=%d pairs_per_s=%.0f\n", nthreads, thread_size, async,
+                threads(nthreads, thread_size, async, iters, streams));
   } else if (live > 0) {
     mix(live, async, iters);
   } else {
     for (size_t size : {size_t{512}, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
       if (only_size != 0 && size != only_size) continue;
-      pairs(size, async, size >= (size_t{256} << 20) ? iters / 10 : iters, repeat);
+      const int n = size >= (size_t{256} << 20) ? iters / 10 : iters;
+      if (against_pool) vs_pool(size, n, rounds);
+      else pairs(size, async, n, repeat);
     }
   }
   return 0;

@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 BENCH = sys.argv[1]
+NOT_MEASURED = "not measured"
 
 
 def pair(size, ns, is_async, driver=False):
@@ -179,6 +180,34 @@ def main():
                 fails(f"floor row missing: {want}")
         if any("the most any interposer could reach, 512 B" in l for l in md):
             fails("a bound row for a size the floor did not measure")
+
+        # Both sides in one process (bench_pairs --vs-pool, --threads-ab): the table, and target
+        # rows judged from the ratios of the file, met and missed.
+        res = results()
+        res["micro"]["same_process"] = {
+            "vs_pool": [{"kind": "vs_pool", "size": 512.0, "ours_median_ns": 60.0, "ours_p99_ns": 90.0,
+                         "pool_median_ns": 630.0, "pool_p99_ns": 700.0, "ratio": 10.5, "runs": 3.0},
+                        {"kind": "vs_pool", "size": 65536.0, "ours_median_ns": 70.0, "ours_p99_ns": 95.0,
+                         "pool_median_ns": 630.0, "pool_p99_ns": 710.0, "ratio": 9.0, "runs": 3.0}],
+            "vs_pool native": [{"kind": "vs_pool", "size": 512.0, "ours_median_ns": 600.0, "ours_p99_ns": 700.0,
+                                "pool_median_ns": 612.0, "pool_p99_ns": 705.0, "ratio": 1.02, "runs": 1.0}],
+            "threads_ab": {"cudalloc": [{"kind": "threads_ab", "a": 1.0, "b": 8.0, "a_pairs_per_s": 8e6,
+                                         "b_pairs_per_s": 44e6, "ratio": 5.5, "runs": 3.0}],
+                           "cudalloc async": [{"kind": "threads_ab", "a": 1.0, "b": 8.0, "a_pairs_per_s": 12e6,
+                                               "b_pairs_per_s": 48e6, "ratio": 4.0, "runs": 3.0}]}}
+        md = report_lines(res, src, out, "with same-process rows")
+        for want in ("| 512 B | 60 ns / 90 ns | 630 ns / 700 ns | 10.5x | 1.02 |",
+                     f"| 65536 B | 70 ns / 95 ns | 630 ns / 710 ns | 9.0x | {NOT_MEASURED} |",
+                     "| cudalloc | 8,000,000 | 44,000,000 | 5.50x |",
+                     "| ... the same, both in one process in alternating blocks (async path), 512 B | 10.5x (60 ns vs 630 ns) | yes |",
+                     "| ... the same, both in one process in alternating blocks (async path), 65536 B | 9.0x (70 ns vs 630 ns) | no |",
+                     "| ... the same, 1 and 8 threads alternating in one process (cudalloc) | 5.5x | yes |",
+                     "| ... the same, 1 and 8 threads alternating in one process (cudalloc async) | 4.0x | no |"):
+            if want not in md:
+                fails(f"same-process row missing: {want}")
+        md = report_lines(results(), src, out, "without same-process rows")
+        if any("one process" in l for l in md):
+            fails("a results file without same-process figures got same-process rows")
 
         # A malformed --batch is refused before anything runs.
         for bad in ("vgg=4", "bert=0", "bert"):

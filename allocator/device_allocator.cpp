@@ -258,6 +258,8 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
 }
 
 CUDALLOC_HOT bool DeviceAllocator::owns(DevicePtr ptr) const {
+  // Not ours (the driver's pools, another device's memory): told without a lock.
+  if (!impl_->regions.may_hold(ptr)) return false;
   // The common case, a live block's start freed on the thread that allocated it, needs no
   // device lock: frees ask this first.
   if (impl_->live_here(ptr)) return true;

@@ -117,10 +117,10 @@ void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
 }
 
 // The shared map, then, under the lock, every thread's table: a block freed by a thread other
-// than the one that took it from its cache. (free() looks in the caller's own table first.)
+// than the one that took it from its cache. (free() looks in the caller's own table first, and
+// free_block() has ruled out pointers outside this allocator's regions.)
 CUDALLOC_HOT Block* Impl::take_live_elsewhere(DevicePtr ptr) {
   if (Block* b = live.take(ptr)) return b;
-  if (!regions.may_hold(ptr)) return nullptr;  // not ours: no need for the device lock
   std::lock_guard lock(mutex);
   if (Block* b = in_thread_tables([ptr](LiveTable& t) { return t.take(ptr); })) return b;
   // A thread that exited since the first look handed its table to the shared map (retire).
@@ -352,6 +352,9 @@ CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle st
 // Every free but the hot path's: `own` is the calling thread's cache, or null to look it up.
 CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async,
                                           ThreadCache* own) {
+  // A pointer of the driver's own (its pools, graph memory) or of another device: no table to
+  // search. Such frees pass through every allocator of the process in turn.
+  if (!regions.may_hold(ptr)) return Status::kInvalidValue;
   if (own == nullptr && options.thread_cache) own = find_local_cache();
   // The calling thread's own table first, keeping its lock.
   std::unique_lock<SpinLock> held;

@@ -33,6 +33,7 @@
 #include <random>
 #include <thread>
 #include <vector>
+#include <dlfcn.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -221,9 +222,26 @@ static void threads_ab(int a, int b, size_t size, bool async, int iters, bool st
               async, median(ra), median(rb), median(rb) / median(ra));
 }
 
+// The driver's own cuMemFreeAsync, past any preloaded library: glibc's dlsym (found with dlvsym,
+// which no interposer here overrides) asked of libcuda.so.1's handle.
+static decltype(&cuMemFreeAsync) driver_free_async() {
+  using DlsymFn = void* (*)(void*, const char*);
+  auto real_dlsym = reinterpret_cast<DlsymFn>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"));
+  if (real_dlsym == nullptr) real_dlsym = reinterpret_cast<DlsymFn>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5"));
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  auto f = real_dlsym && h ? reinterpret_cast<decltype(&cuMemFreeAsync)>(real_dlsym(h, "cuMemFreeAsync")) : nullptr;
+  if (f == nullptr) {
+    std::fprintf(stderr, "the driver's cuMemFreeAsync not found\n");
+    std::exit(3);
+  }
+  return f;
+}
+
 // cudaMallocAsync pairs against cudaMallocFromPoolAsync pairs on the default pool, in alternating
-// blocks of this process (see the header).
-static void vs_pool(size_t size, int iters, int rounds) {
+// blocks of this process (see the header). A third side frees its pool pairs with the driver's
+// own cuMemFreeAsync, so that what a preloaded library adds to a free it passes on (a pointer
+// it does not own) is counted out of the pool's figure: against it the ratio is conservative.
+static void vs_pool(size_t size, int iters, int rounds, int only) {
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   cudaMemPool_t pool;
@@ -234,12 +252,19 @@ static void vs_pool(size_t size, int iters, int rounds) {
     if (e != cudaSuccess) die(e, "cudaMallocFromPoolAsync");
     release(p, true, s);
   };
+  const auto free_direct = driver_free_async();
+  auto direct_pair = [&] {
+    void* p = nullptr;
+    cudaError_t e = cudaMallocFromPoolAsync(&p, size, pool, s);
+    if (e != cudaSuccess) die(e, "cudaMallocFromPoolAsync");
+    if (free_direct(reinterpret_cast<CUdeviceptr>(p), s) != CUDA_SUCCESS) die(cudaErrorInvalidValue, "driver free");
+  };
   auto ours_pair = [&] { release(alloc(size, true, s), true, s); };
   for (auto until = Clock::now() + std::chrono::milliseconds(50); Clock::now() < until;) {
-    for (int i = 0; i < 100; ++i) ours_pair(), pool_pair();
+    for (int i = 0; i < 100; ++i) ours_pair(), pool_pair(), direct_pair();
   }
   const int windows = std::max(1, iters / kWindow / rounds);
-  std::vector<double> ours, theirs;
+  std::vector<double> ours, theirs, direct;
   auto block = [&](auto& pair, std::vector<double>& out) {
     for (int w = 0; w < windows; ++w) {
       auto t0 = Clock::now();
@@ -247,16 +272,19 @@ static void vs_pool(size_t size, int iters, int rounds) {
       out.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow);
     }
   };
+  // --only ours|pool: one side alone, in as many blocks, for what alternating costs each side.
   for (int r = 0; r < rounds; ++r) {
-    if (r % 2 == 0) block(ours_pair, ours), block(pool_pair, theirs);
-    else block(pool_pair, theirs), block(ours_pair, ours);
+    if (only != 2) block(ours_pair, ours);
+    if (only != 1) block(pool_pair, theirs), block(direct_pair, direct);
   }
-  std::sort(ours.begin(), ours.end());
-  std::sort(theirs.begin(), theirs.end());
+  if (ours.empty()) ours = theirs;
+  if (theirs.empty()) theirs = direct = ours;
+  for (auto* v : {&ours, &theirs, &direct}) std::sort(v->begin(), v->end());
   auto p99 = [](const std::vector<double>& v) { return v[static_cast<size_t>(v.size() * 0.99)]; };
-  const double a = ours[ours.size() / 2], b = theirs[theirs.size() / 2];
-  std::printf("vs_pool size=%zu ours_median_ns=%.0f ours_p99_ns=%.0f pool_median_ns=%.0f pool_p99_ns=%.0f ratio=%.2f\n",
-              size, a, p99(ours), b, p99(theirs), b / a);
+  const double a = ours[ours.size() / 2], b = theirs[theirs.size() / 2], c = direct[direct.size() / 2];
+  std::printf("vs_pool size=%zu ours_median_ns=%.0f ours_p99_ns=%.0f pool_median_ns=%.0f pool_p99_ns=%.0f "
+              "direct_median_ns=%.0f direct_p99_ns=%.0f ratio=%.2f direct_ratio=%.2f\n",
+              size, a, p99(ours), b, p99(theirs), c, p99(direct), b / a, c / a);
   cudaStreamDestroy(s);
 }
 
@@ -269,6 +297,7 @@ int main(int argc, char** argv) {
   bool streams = true;  // --threads: each thread makes a non-blocking stream
   bool against_pool = false;
   int ab_a = 0, ab_b = 0, rounds = 10;
+  int only = 0;  // --vs-pool --only ours|pool: 1 or 2
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -280,6 +309,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--repeat")) repeat = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--size")) only_size = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--vs-pool")) against_pool = true;
+    else if (!std::strcmp(argv[i], "--only")) only = std::strcmp(argv[++i], "pool") == 0 ? 2 : 1;
     else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--threads-ab")) {
       if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
@@ -355,7 +385,7 @@ int main(int argc, char** argv) {
     for (size_t size : {size_t{512}, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
       if (only_size != 0 && size != only_size) continue;
       const int n = size >= (size_t{256} << 20) ? iters / 10 : iters;
-      if (against_pool) vs_pool(size, n, rounds);
+      if (against_pool) vs_pool(size, n, rounds, only);
       else pairs(size, async, n, repeat);
     }
   }

@@ -46,6 +46,34 @@ static void pairs(const char* name, std::size_t size, CUstream stream, bool asyn
               ns[ns.size() * 99 / 100]);
 }
 
+// Pairs of the driver's own pool (cuMemAllocFromPoolAsync), which cudalloc passes through: what
+// its free hook costs a pointer it does not own (bench_pairs --vs-pool times these on the GPU).
+static void pool_pairs(std::size_t size, CUstream stream, int iters) {
+  if (g_only && std::strcmp(g_only, "pool")) return;
+  auto& c = client::client();
+  using PFN_default_pool = CUresult (*)(CUmemoryPool*, CUdevice);
+  using PFN_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+  auto default_pool = c.get<PFN_default_pool>("cuDeviceGetDefaultMemPool");
+  auto from_pool = c.get<PFN_from_pool>("cuMemAllocFromPoolAsync");
+  CUmemoryPool pool = nullptr;
+  CHECK_OR_DIE(default_pool != nullptr && from_pool != nullptr && default_pool(&pool, 0) == CUDA_SUCCESS);
+  constexpr int kWindow = 8;
+  auto pair = [&] {
+    CUdeviceptr p = 0;
+    CHECK_OR_DIE(from_pool(&p, size, pool, stream) == CUDA_SUCCESS);
+    CHECK_OR_DIE(c.api.cuMemFreeAsync(p, stream) == CUDA_SUCCESS);
+  };
+  for (int i = 0; i < 1000; ++i) pair();
+  std::vector<double> ns(static_cast<std::size_t>(std::max(1, iters / kWindow)));
+  for (double& v : ns) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kWindow; ++i) pair();
+    v = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow;
+  }
+  std::sort(ns.begin(), ns.end());
+  std::printf("shim name=pool size=%zu median_ns=%.1f p99_ns=%.1f\n", size, ns[ns.size() / 2], ns[ns.size() * 99 / 100]);
+}
+
 static void threads(int n, std::size_t size, int iters) {
   auto& c = client::client();
   std::atomic<int> ready{0};
@@ -77,7 +105,7 @@ static void threads(int n, std::size_t size, int iters) {
 
 int main(int argc, char** argv) {
   int iters = 2000000;
-  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy|cuMemFreeAsyncPerThread
+  const char* only = nullptr;  // --only cuMemFree|cuMemFreeAsync|cuMemFreeAsyncLegacy|cuMemFreeAsyncPerThread|pool
   std::size_t only_size = 0;
   int nthreads = 0;
   for (int i = 1; i < argc; ++i) {
@@ -94,6 +122,10 @@ int main(int argc, char** argv) {
   auto& c = client::client();
   CUstream s = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  if (only != nullptr && !std::strcmp(only, "pool")) {
+    pool_pairs(only_size != 0 ? only_size : 512, s, iters);
+    return 0;
+  }
   if (only_size != 0) {  // --size N: the frees at that size only, async on both kinds of stream
     pairs("cuMemFree", only_size, nullptr, false, iters);
     pairs("cuMemFreeAsync", only_size, s, true, iters);

@@ -135,9 +135,17 @@ struct Graph;
 // The big lock: guards devices, contexts, allocations, stream registry, captures and
 // every submission (so that cross-stream dependencies are computed consistently).
 std::mutex g_mu;
-// Progress of all streams: notified whenever any stream completes an operation.
-std::mutex g_prog_mu;
-std::condition_variable g_prog_cv;
+// Progress of all streams: notified whenever any stream completes an operation. Leaked on
+// purpose, as drv() is: detached stream workers may still notify it during and after exit,
+// which a static destructor of the condition variable would race with.
+struct Progress {
+    std::mutex mu;
+    std::condition_variable cv;
+};
+Progress& prog() {
+    static Progress* p = new Progress;
+    return *p;
+}
 
 struct Dep {
     std::shared_ptr<Stream> s;
@@ -212,15 +220,15 @@ struct Stream : std::enable_shared_from_this<Stream> {
                 queue.pop_front();
             }
             for (const Dep& d : op.deps) {
-                std::unique_lock<std::mutex> lk(g_prog_mu);
-                g_prog_cv.wait(lk, [&] { return d.s->completed.load() >= d.seq; });
+                std::unique_lock<std::mutex> lk(prog().mu);
+                prog().cv.wait(lk, [&] { return d.s->completed.load() >= d.seq; });
             }
             if (op.fn && !g_forked_child.load()) op.fn();
             {
-                std::lock_guard<std::mutex> lk(g_prog_mu);
+                std::lock_guard<std::mutex> lk(prog().mu);
                 completed.store(op.seq);
             }
-            g_prog_cv.notify_all();
+            prog().cv.notify_all();
         }
     }
 
@@ -233,8 +241,8 @@ struct Stream : std::enable_shared_from_this<Stream> {
 
 void wait_reached(const std::shared_ptr<Stream>& s, uint64_t seq) {
     if (s->completed.load() >= seq) return;
-    std::unique_lock<std::mutex> lk(g_prog_mu);
-    g_prog_cv.wait(lk, [&] { return s->completed.load() >= seq; });
+    std::unique_lock<std::mutex> lk(prog().mu);
+    prog().cv.wait(lk, [&] { return s->completed.load() >= seq; });
 }
 
 struct Device;
@@ -245,7 +253,9 @@ struct Ctx {
     // A green context: its allocations are this primary context's, which also waits for its
     // work when synchronized (as the driver does).
     Ctx* green_of = nullptr;
-    bool alive = true;
+    // Atomic: current_ctx() reads it without g_mu (writes hold g_mu, or precede publication),
+    // while another thread's cuDevicePrimaryCtxRetain may set it.
+    std::atomic<bool> alive{true};
     unsigned flags = 0;
     uint64_t id = 0;
     std::shared_ptr<Stream> legacy;
@@ -372,8 +382,15 @@ void note_usage_locked() {
 }
 
 // --- per-thread state -------------------------------------------------------------------
-thread_local std::vector<Ctx*> t_ctx_stack;
-thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+// The thread-locals use the initial-exec TLS model: in this dlopen()ed library the default
+// model puts them in a malloc()ed block that glibc frees when it trims its cache of exited
+// threads' stacks, from whatever thread does that, synchronised by a lock TSan cannot see; it
+// reported that free as racing with ~PerThreadStreams. Initial-exec TLS lives in the static
+// TLS area of the thread's stack block instead (the few bytes here fit the surplus glibc
+// keeps for dlopen()).
+#define FK_TLS [[gnu::tls_model("initial-exec")]] thread_local
+FK_TLS std::vector<Ctx*> t_ctx_stack;
+FK_TLS CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 struct PerThreadStreams {
     std::map<Ctx*, std::shared_ptr<Stream>> by_ctx;
@@ -387,7 +404,7 @@ struct PerThreadStreams {
         }
     }
 };
-thread_local PerThreadStreams t_pts;
+FK_TLS PerThreadStreams t_pts;
 
 Ctx* current_ctx() {
     if (t_ctx_stack.empty()) return nullptr;

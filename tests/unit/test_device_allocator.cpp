@@ -34,6 +34,16 @@ struct Fixture {
     return p;
   }
   std::int64_t stat(const char* key) { return alloc.stats().to_map().at(key); }
+
+  // get() for the threads a test starts. Catch2 v2's assertions are not thread-safe (TSan
+  // reports them), so such a thread only counts a failed request here, and the test's own
+  // thread checks failed_gets == 0 once the thread is joined.
+  DevicePtr get_in_thread(std::size_t bytes, StreamHandle stream = kNoStream) {
+    DevicePtr p = 0;
+    if (alloc.allocate(bytes, stream, &p) != Status::kOk || p == 0) ++failed_gets;
+    return p;
+  }
+  std::atomic<int> failed_gets{0};
 };
 
 // Two contexts of one device: allocators, each on a simulated backend of its own, that share
@@ -426,17 +436,18 @@ TEST_CASE("a small miss leaves other threads' caches alone unless memory is shor
     std::atomic<int> step{0};
     DevicePtr a_again = 0;
     std::thread a_thread([&] {
-      for (std::size_t i = 0; i < kBlocks; ++i) of_a.insert(f.get(4096));
+      for (std::size_t i = 0; i < kBlocks; ++i) of_a.insert(f.get_in_thread(4096));
       for (DevicePtr p : of_a) f.alloc.free(p, FreeOrder::kDevice);
       step = 1;
       while (step != 2) std::this_thread::yield();
-      a_again = f.get(4096);
+      a_again = f.get_in_thread(4096);
     });
     while (step != 1) std::this_thread::yield();
     CHECK(f.sim.segment_calls() == 1);
     const DevicePtr mine = f.get(4096);
     step = 2;
     a_thread.join();
+    REQUIRE(f.failed_gets == 0);
     if (short_of_memory) {
       CHECK(f.sim.segment_calls() == 1);
       CHECK(of_a.count(mine) == 1);
@@ -460,7 +471,7 @@ TEST_CASE("threads' batches are fenced when they close, and their refills record
   for (int t = 0; t < kThreads; ++t) {
     ts.emplace_back([&, t] {
       std::vector<DevicePtr> ptrs;
-      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get(8192));
+      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) ptrs.push_back(f.get_in_thread(8192));
       // A thread that cuts a new segment first takes the others' unbatched frees into the
       // allocator's epoch: every thread allocates before any frees, so each closes a batch.
       allocated++;
@@ -468,7 +479,7 @@ TEST_CASE("threads' batches are fenced when they close, and their refills record
       for (DevicePtr p : ptrs) f.alloc.free(p, FreeOrder::kDevice);
       closed++;
       while (!go) std::this_thread::yield();
-      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) mine[t].push_back(f.get(8192));
+      for (std::size_t i = 0; i < ThreadCache::kBatchBlocks; ++i) mine[t].push_back(f.get_in_thread(8192));
     });
   }
   while (closed < kThreads) std::this_thread::yield();
@@ -480,6 +491,7 @@ TEST_CASE("threads' batches are fenced when they close, and their refills record
   const auto locked = f.stat("num_locked_allocs");
   go = true;
   for (auto& th : ts) th.join();
+  REQUIRE(f.failed_gets == 0);
   CHECK(f.sim.device_fences() == fences);
   std::set<DevicePtr> all;
   for (auto& v : mine) all.insert(v.begin(), v.end());
@@ -1137,12 +1149,17 @@ TEST_CASE("only events whose earlier events on the block came from the same thre
   // Another thread's block, freed here: not local, and the hit that follows on this thread is
   // (its only cause, that free, is this thread's).
   DevicePtr b = 0;
+  Status b_freed = Status::kBackendError;
+  DevicePtr b_again = 0;
   std::thread other([&] {
-    b = f.get(3000, kStreamA);
-    REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);
-    REQUIRE(f.get(3000, kStreamA) == b);  // a hit in that thread's cache
+    b = f.get_in_thread(3000, kStreamA);
+    b_freed = f.alloc.free(b, FreeOrder::kStream, kStreamA, true);
+    b_again = f.get_in_thread(3000, kStreamA);  // a hit in that thread's cache
   });
   other.join();
+  REQUIRE(f.failed_gets == 0);
+  REQUIRE(b_freed == Status::kOk);
+  REQUIRE(b_again == b);
   REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);
   REQUIRE(f.get(3000, kStreamA) == b);
   CHECK(rec.local_of(b) == std::vector<bool>{false, false, true, false, true});
@@ -1242,7 +1259,9 @@ TEST_CASE("the hot paths' fallbacks keep the cache and the statistics exact") {
 TEST_CASE("a block cached by one thread is freed by another") {
   Fixture f;
   DevicePtr a = f.get(8192);
-  std::thread([&] { CHECK(f.alloc.free(a, FreeOrder::kCompleted) == Status::kOk); }).join();
+  Status freed = Status::kBackendError;
+  std::thread([&] { freed = f.alloc.free(a, FreeOrder::kCompleted); }).join();
+  CHECK(freed == Status::kOk);
   // The freeing thread exited: its cache went back to the pools.
   CHECK(f.get(8192) == a);
   CHECK(f.stat("allocation.all.current") == 1);
@@ -1288,12 +1307,14 @@ TEST_CASE("a large block is parked only by the thread that took it") {
   Fixture f;
   const DevicePtr a = f.get(kWhole, kStreamA);
   std::atomic<int> step{0};
+  Status freed = Status::kBackendError;
   std::thread consumer([&] {
-    CHECK(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);
+    freed = f.alloc.free(a, FreeOrder::kStream, kStreamA, true);
     step = 1;
     while (step != 2) std::this_thread::yield();  // alive: its cache is not retired
   });
   while (step != 1) std::this_thread::yield();
+  CHECK(freed == Status::kOk);
   CHECK(f.get(8 * kMiB, kStreamA) == a);
   CHECK(f.sim.segment_calls() == 1);
   step = 2;
@@ -1311,7 +1332,7 @@ TEST_CASE("a thread parks at most kLargeBytes of large blocks, and gives them up
   DevicePtr from_other = 0;
   std::thread other([&] {
     while (step != 1) std::this_thread::yield();
-    from_other = f.get(kHalf, kStreamA);
+    from_other = f.get_in_thread(kHalf, kStreamA);
   });
   REQUIRE(f.alloc.free(a, FreeOrder::kStream, kStreamA, true) == Status::kOk);  // parked
   REQUIRE(f.alloc.free(b, FreeOrder::kStream, kStreamA, true) == Status::kOk);  // past the bound: pool
@@ -1319,31 +1340,50 @@ TEST_CASE("a thread parks at most kLargeBytes of large blocks, and gives them up
   other.join();
   CHECK(from_other == b);  // found in the pool, before any reclaim step
   // The parked one goes to another thread too, once memory is short.
-  std::thread([&] { CHECK(f.get(kHalf, kStreamA) == a); }).join();
+  DevicePtr from_third = 0;
+  std::thread([&] { from_third = f.get_in_thread(kHalf, kStreamA); }).join();
+  CHECK(f.failed_gets == 0);
+  CHECK(from_third == a);
   CHECK(f.sim.segment_calls() == 2);
   CHECK(f.stat("num_ooms") == 0);
 }
 
 TEST_CASE("a block a thread took from its cache is found and freed from other threads, before and after that thread exits") {
   Fixture f;
-  // A cache hit on a thread: the block is recorded in that thread's own table.
-  auto hit_on_this_thread = [&] {
-    DevicePtr p = f.get(8192);
-    REQUIRE(f.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
-    const std::int64_t hits = f.stat("num_cache_hits");
-    DevicePtr q = f.get(8192);
-    REQUIRE(q == p);
-    REQUIRE(f.stat("num_cache_hits") == hits + 1);
-    return q;
+  // A cache hit on a thread: the block is recorded in that thread's own table. The thread only
+  // records what it saw (Catch2 v2 is not thread-safe); check_hit asserts it on this thread.
+  struct Hit {
+    DevicePtr first = 0;
+    Status freed = Status::kBackendError;
+    std::int64_t hits_before = 0;
+    DevicePtr again = 0;
+    std::int64_t hits_after = 0;
   };
-  DevicePtr live_thread_block = 0;
+  auto hit_on_this_thread = [&] {
+    Hit h;
+    h.first = f.get_in_thread(8192);
+    h.freed = f.alloc.free(h.first, FreeOrder::kCompleted);
+    h.hits_before = f.stat("num_cache_hits");
+    h.again = f.get_in_thread(8192);
+    h.hits_after = f.stat("num_cache_hits");
+    return h;
+  };
+  auto check_hit = [&](const Hit& h) {
+    CHECK(f.failed_gets == 0);
+    CHECK(h.freed == Status::kOk);
+    CHECK(h.again == h.first);
+    CHECK(h.hits_after == h.hits_before + 1);
+  };
+  Hit live;
   std::atomic<int> step{0};
   std::thread owner([&] {
-    live_thread_block = hit_on_this_thread();
+    live = hit_on_this_thread();
     step = 1;
     while (step != 2) std::this_thread::yield();  // stays alive while the main thread frees
   });
   while (step != 1) std::this_thread::yield();
+  check_hit(live);  // CHECK, not REQUIRE: a throw here would leave `owner` unjoined
+  const DevicePtr live_thread_block = live.again;
   CHECK(f.alloc.owns(live_thread_block));
   CHECK(f.alloc.record_stream(live_thread_block, kStreamB) == Status::kOk);
   CHECK(f.alloc.free(live_thread_block, FreeOrder::kCompleted) == Status::kOk);
@@ -1351,8 +1391,10 @@ TEST_CASE("a block a thread took from its cache is found and freed from other th
   step = 2;
   owner.join();
 
-  DevicePtr orphan = 0;
-  std::thread([&] { orphan = hit_on_this_thread(); }).join();
+  Hit orphaned;
+  std::thread([&] { orphaned = hit_on_this_thread(); }).join();
+  check_hit(orphaned);
+  const DevicePtr orphan = orphaned.again;
   // Its thread exited: the block is still live and still this allocator's.
   CHECK(f.alloc.owns(orphan));
   CHECK(f.alloc.free(orphan, FreeOrder::kCompleted) == Status::kOk);
@@ -1366,7 +1408,9 @@ TEST_CASE("a pointer of another allocator is refused from any thread and stays l
   DevicePtr theirs = b.get(8192);
   DevicePtr mine = a.get(8192);
   CHECK(a.alloc.free(theirs, FreeOrder::kCompleted) == Status::kInvalidValue);
-  std::thread([&] { CHECK(a.alloc.free(theirs, FreeOrder::kDevice) == Status::kInvalidValue); }).join();
+  Status refused = Status::kOk;
+  std::thread([&] { refused = a.alloc.free(theirs, FreeOrder::kDevice); }).join();
+  CHECK(refused == Status::kInvalidValue);
   CHECK(b.stat("allocated_bytes.all.current") == 8192);
   CHECK(b.alloc.free(theirs, FreeOrder::kCompleted) == Status::kOk);
   CHECK(a.alloc.free(mine, FreeOrder::kCompleted) == Status::kOk);
@@ -1376,6 +1420,7 @@ TEST_CASE("threads allocating and freeing at once never share a byte") {
   Fixture f;
   constexpr int kThreads = 8;
   std::atomic<int> corrupted{0};
+  std::atomic<int> failed_frees{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -1395,14 +1440,17 @@ TEST_CASE("threads allocating and freeing at once never share a byte") {
           for (std::size_t k = 0; k < n; k += 97) {
             if (bytes[k] != t + 1) corrupted++;
           }
-          f.alloc.free(p, i % 3 == 0 ? FreeOrder::kDevice : FreeOrder::kCompleted);
+          if (f.alloc.free(p, i % 3 == 0 ? FreeOrder::kDevice : FreeOrder::kCompleted) != Status::kOk) failed_frees++;
         }
       }
-      for (auto [p, n] : mine) f.alloc.free(p, FreeOrder::kCompleted);
+      for (auto [p, n] : mine) {
+        if (f.alloc.free(p, FreeOrder::kCompleted) != Status::kOk) failed_frees++;
+      }
     });
   }
   for (auto& th : threads) th.join();
   CHECK(corrupted == 0);
+  CHECK(failed_frees == 0);
   CHECK(f.stat("allocated_bytes.all.current") == 0);
 }
 
@@ -1458,15 +1506,22 @@ TEST_CASE("a thread-local destroyed after the thread's caches were handed back s
     }
   };
   Outcome outcome;
+  // What the thread saw, asserted here once it is joined (Catch2 v2 is not thread-safe).
+  DevicePtr block = 0;
+  Status first_free = Status::kBackendError;
+  DevicePtr hit = 0;
   std::thread([&] {
     thread_local Holder holder;  // constructed here, before this thread's cache exists
     holder.alloc = &f.alloc;
     holder.outcome = &outcome;
-    holder.block = f.get(4096);
+    holder.block = block = f.get_in_thread(4096);
     // A cache hit: the block lives in this thread's own table.
-    REQUIRE(f.alloc.free(holder.block, FreeOrder::kCompleted) == Status::kOk);
-    REQUIRE(f.get(4096) == holder.block);
+    first_free = f.alloc.free(holder.block, FreeOrder::kCompleted);
+    hit = f.get_in_thread(4096);
   }).join();
+  REQUIRE(f.failed_gets == 0);
+  REQUIRE(first_free == Status::kOk);
+  REQUIRE(hit == block);
   CHECK(outcome.freed == Status::kOk);
   CHECK(outcome.allocated == Status::kOk);
   CHECK(outcome.freed_again == Status::kOk);

@@ -2,7 +2,9 @@
 // (hashed), set when device memory is obtained and never cleared, so a clear bit is a sure "not
 // ours" and a set one only a "maybe". A free of a pointer another allocator owns (another
 // device's, or the driver's own) is told apart without the device lock; with several devices a
-// process tries each device's allocator in turn.
+// process tries each device's allocator in turn. Relaxed is enough: a region is marked before
+// any block in it is handed out, so a thread that got the pointer from the allocating thread
+// through any synchronization of the program sees the mark.
 #pragma once
 
 #include <array>

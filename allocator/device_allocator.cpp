@@ -84,11 +84,12 @@ Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   return blocks.find(stream, rounded, kind);
 }
 
-Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt) {
+Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt, bool bridge) {
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
   if (attempt != Try::kAgain) ++stats.num_locked_allocs;
+  if (bridge) ++stats.num_bridged_allocs;
   merge_deltas();
   take_back_refused();
   device_error = Status::kOk;
@@ -112,9 +113,10 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // Other threads' parked blocks may cost a program a few more segments (PyTorch gpt2 with
     // its cache off: ~30 more 2 MiB segments in 10 steps). Small blocks cannot serve a large
     // request (the pools do not share segments), so a large miss leaves the small bins warm.
+    // A bridge (allocate_missed) keeps the thread's cache: its blocks are all in flight.
     if (!room_for(SizeClasses::segment_size(rounded))) {
       drain_all(true);
-    } else if (kind == PoolKind::kSmall) {
+    } else if (kind == PoolKind::kSmall && !bridge) {
       drain_own();
     }
     b = blocks.find(stream, rounded, kind);
@@ -314,6 +316,7 @@ void DeviceAllocator::forget_all() {
   fresh.num_cache_misses = m.stats.num_cache_misses;
   fresh.num_locked_allocs = m.stats.num_locked_allocs;
   fresh.num_locked_frees = m.stats.num_locked_frees;
+  fresh.num_bridged_allocs = m.stats.num_bridged_allocs;
   m.stats = fresh;
 }
 

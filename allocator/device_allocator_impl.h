@@ -162,7 +162,10 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   }
   void merge_deltas();
   void drain(ThreadCache& cache, bool bins);
-  bool refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded);
+  // What refill() did: moved blocks into the bin; found no batch, or the oldest not past its
+  // fence; or could not tell without waiting for another thread (FenceClock::try_passed).
+  enum class Refill { kDone, kNone, kBusy };
+  Refill refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, bool may_bridge);
   // The slow ends of DeviceAllocator::allocate and ::free (thread_cache_paths.cpp), out of
   // line so that the hot paths save no registers: a miss of the hot path; a hit whose block
   // enters the live table's hashed part; a hit, or a cached free, reported to the observer; the
@@ -172,7 +175,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
                         bool async);
   Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async);
   void observed_free(const Block* b, StreamHandle stream, bool async, bool local = true);
-  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
+  // `bridge`: a small miss whose thread keeps its cache (no drain_own), see allocate_missed.
+  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool bridge = false);
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
   Status bin_full(Block* b);
   Status close_batch(ThreadCache& cache);
@@ -195,7 +199,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // reclaims and tries again); or that second one, which counts the request's lock and retry
   // no more (the first did: the statistics count requests, not runs of the ladder).
   enum class Try { kOnly, kFirst, kAgain };
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly);
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly,
+                  bool bridge = false);
   // Counts and reports a request that failed for want of memory.
   Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
   void free(Block* b, FreeOrder order, StreamHandle stream, bool async);

@@ -47,6 +47,24 @@ class FenceClock {
     return passed_now(ticket, /*wait=*/true);
   }
 
+  // passed() for a caller that has something better to do than wait while another thread
+  // records the fence that will cover `ticket`: kBusy then. (A recording is the long wait:
+  // under 8 threads of cudaMalloc pairs, each on a stream of its own, fences are recorded back
+  // to back, about 5 us each, and every thread needs the batch it has just closed. On the H200
+  // host, perf put a quarter of the samples in the fence clock's sched_yield loops. A query of
+  // another thread's is still waited for: one driver call.) kNotYet: the fence covering
+  // `ticket` is not done.
+  enum class Answer { kPassed, kNotYet, kBusy };
+  Answer try_passed(std::uint64_t ticket, SegmentBackend& backend) {
+    if (known_past(ticket)) return Answer::kPassed;
+    cover(ticket, backend);  // records one here unless another thread is recording
+    {
+      std::lock_guard lock(lock_);
+      if (!past_or_covered(ticket)) return Answer::kBusy;  // that thread's next round covers it
+    }
+    return passed_now(ticket, /*wait=*/true) ? Answer::kPassed : Answer::kNotYet;
+  }
+
   // Whether every batch up to `ticket` is known past its fence, recording nothing. With `wait`,
   // a query another thread is making is waited for, then the fences are queried here; without,
   // only what the others found so far counts.

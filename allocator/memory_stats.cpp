@@ -58,6 +58,7 @@ std::map<std::string, std::int64_t> MemoryStats::to_map() const {
   out["num_cache_misses"] = num_cache_misses;
   out["num_locked_allocs"] = num_locked_allocs;
   out["num_locked_frees"] = num_locked_frees;
+  out["num_bridged_allocs"] = num_bridged_allocs;
   out["oversize_allocations.current"] = oversize_allocations;
   out["oversize_segments.current"] = oversize_segments;
   return out;
@@ -140,8 +141,9 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
                 static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms),
                 static_cast<long long>(s.num_pending_waits));
   row(pad(line, 77));
-  std::snprintf(line, sizeof line, " under the device lock: allocs %lld  frees %lld",
-                static_cast<long long>(s.num_locked_allocs), static_cast<long long>(s.num_locked_frees));
+  std::snprintf(line, sizeof line, " under the device lock: allocs %lld (bridges %lld)  frees %lld",
+                static_cast<long long>(s.num_locked_allocs), static_cast<long long>(s.num_bridged_allocs),
+                static_cast<long long>(s.num_locked_frees));
   row(pad(line, 77));
   if (!note.empty()) {
     std::string noted(1, ' ');

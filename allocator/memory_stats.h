@@ -58,6 +58,9 @@ struct MemoryStats {
   // block could not go back to one. Few in a steady loop; many mean the threads contend.
   std::int64_t num_locked_allocs = 0;
   std::int64_t num_locked_frees = 0;
+  // Of the locked allocations, those a thread took rather than wait for another thread's
+  // fence of its next batch (the thread cache's bridge).
+  std::int64_t num_bridged_allocs = 0;
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
 

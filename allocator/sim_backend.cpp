@@ -150,6 +150,7 @@ std::unique_ptr<Fence> SimBackend::record_fence(StreamHandle handle) {
 }
 
 std::unique_ptr<Fence> SimBackend::record_device_fence() {
+  run_during(SimOp::kDeviceFence);
   std::lock_guard lock(mutex_);
   ++device_fences_;
   std::vector<std::pair<StreamHandle, std::uint64_t>> targets;

@@ -30,7 +30,7 @@ struct SimOptions {
   bool blocking_streams = false;
 };
 
-enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap };
+enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap, kDeviceFence };
 
 class SimBackend final : public SegmentBackend {
  public:
@@ -68,6 +68,8 @@ class SimBackend final : public SegmentBackend {
   void set_fences_stall(bool stall);
   // Runs `f` once, at the next call of `op` (kFree or kUnmap), before that call acts, so the
   // device still holds the memory: what another context does while that driver call runs.
+  // With kDeviceFence, at the next device fence, before it is recorded: a recording that takes
+  // long on one thread while others go on (`f` may block).
   void during_next(SimOp op, std::function<void()> f);
   // While on, free_segment frees nothing and answers kDeferred, as the driver backend does
   // during a stream capture; finish_deferred_frees() then frees those segments and tells the

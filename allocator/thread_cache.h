@@ -167,6 +167,15 @@ class ThreadCache {
     hits = 0;
   }
   std::int64_t hits = 0;
+  // Blocks this thread took from the pools while another thread was recording the fence of
+  // its next batch (allocate_missed's bridge), and their bytes: each deepens its pipeline
+  // by one block, so that its batches are needed later, when their fences have had time. At
+  // most a batch's worth (kBatchBlocks, kBatchBytes) until a drain empties the pipeline.
+  std::size_t bridged = 0;
+  std::size_t bridged_bytes = 0;
+  bool may_bridge(std::size_t rounded) const {
+    return bridged < kBatchBlocks && bridged_bytes + rounded <= kBatchBytes;
+  }
   LiveTable live;
 
   SpinLock lock;

@@ -177,19 +177,31 @@ void Impl::drain(ThreadCache& cache, bool bins) {
     }
     batches.pop_front();
   }
-  if (bins) cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
+  if (bins) {
+    cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
+    cache.bridged = 0;  // the pipeline is gone: a new one may bridge again
+    cache.bridged_bytes = 0;
+  }
 }
 
 // Moves the blocks of this thread's oldest batch into its bins once a device fence recorded
 // after it is done, until the bin that missed (stream, rounded) is full: the rest of the batch
 // waits for the next refill, which needs no fence query and visits only what it moves. Blocks
 // with no room in their bins are spilled to the allocator. Called by the owner with the cache
-// locked, when its bins miss.
-CUDALLOC_HOT bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded) {
+// locked, when its bins miss. With `may_bridge`, a fence that another thread is recording is
+// not waited for (kBusy: the caller bridges instead).
+CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, bool may_bridge) {
   auto& batches = cache.batches();
-  if (batches.empty()) return false;
+  if (batches.empty()) return Refill::kNone;
   ThreadCache::Batch& batch = batches.front();
-  if (!batch.passed && !batch_fences.passed(batch.ticket, backend)) return false;
+  if (!batch.passed) {
+    const FenceClock::Answer answer = batch_fences.try_passed(batch.ticket, backend);
+    if (answer == FenceClock::Answer::kNotYet) return Refill::kNone;
+    if (answer == FenceClock::Answer::kBusy) {
+      if (may_bridge) return Refill::kBusy;
+      if (!batch_fences.passed(batch.ticket, backend)) return Refill::kNone;
+    }
+  }
   batch.passed = true;
   auto& blocks = batch.blocks;
   std::size_t bytes = 0;
@@ -206,7 +218,7 @@ CUDALLOC_HOT bool Impl::refill(ThreadCache& cache, StreamHandle stream, std::siz
   }
   blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(moved));
   if (blocks.empty()) batches.pop_front();
-  return true;
+  return Refill::kDone;
 }
 
 void Impl::drain_all(bool bins) {
@@ -266,11 +278,25 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   ThreadCache& cache = local_cache();
   Block* b = nullptr;
   bool spilled = false;
+  bool bridge = false;
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
-    // Fenced batches hold small blocks only.
-    if (b == nullptr && rounded <= kSmallSize && refill(cache, stream, rounded)) b = cache.pop(stream, rounded);
+    // Fenced batches hold small blocks only. Rather than wait while another thread records the
+    // fence of its next batch, the thread takes one block from the pools and keeps its cache (a
+    // bridge): its pipeline grows by that block, so its batches are needed later, when their
+    // fences have had time. Under 8 threads, fences are recorded back to back by one thread at
+    // a time, and each thread needs the batch it has just closed. (Draining the cache on such a
+    // miss, as a plain small miss does, restarted its pipeline from the pools.)
+    if (b == nullptr && rounded <= kSmallSize) {
+      const Refill r = refill(cache, stream, rounded, cache.may_bridge(rounded));
+      if (r == Refill::kDone) b = cache.pop(stream, rounded);
+      if (r == Refill::kBusy) {
+        bridge = true;
+        ++cache.bridged;
+        cache.bridged_bytes += rounded;
+      }
+    }
     if (b != nullptr) {
       count_hit(*this, cache, b, bytes);
       cache.live.insert(b->ptr, b);
@@ -285,7 +311,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
     *out = b->ptr;
     return observed_hit(b, bytes, stream, async);
   }
-  return allocate_locked(bytes, stream, out, async);
+  return allocate_locked(bytes, stream, out, async, bridge);
 }
 
 CUDALLOC_NOINLINE Status Impl::hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream,
@@ -311,10 +337,11 @@ CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, 
   }
 }
 
-CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async,
+                                              bool bridge) {
   {
     std::lock_guard lock(mutex);
-    const Status st = allocate(bytes, stream, out, async, reclaimer ? Try::kFirst : Try::kOnly);
+    const Status st = allocate(bytes, stream, out, async, reclaimer ? Try::kFirst : Try::kOnly, bridge);
     if (st != Status::kOutOfMemory || !reclaimer) return st;
   }
   // Out of memory, not yet reported: memory held elsewhere on the device, given back with no

@@ -171,12 +171,18 @@ static void mix(size_t max_live, bool async, int ops) {
   for (void* p : live) release(p, async, s);
 }
 
+// The spread of the threads' own times, for the last threads() run: the first thread done and
+// the last one against the run's median thread (a rate over the whole run counts until the last).
+static double g_first_done = 0, g_last_done = 0;
+
 static double threads(int n, size_t size, bool async, int iters, bool streams) {
   std::atomic<int> ready{0}, done{0};
   std::atomic<bool> go{false}, finished{false};
   std::vector<std::thread> ts;
+  std::vector<double> took(static_cast<size_t>(n));
+  Clock::time_point t0;
   for (int t = 0; t < n; ++t) {
-    ts.emplace_back([&] {
+    ts.emplace_back([&, t] {
       cudaStream_t s = nullptr;
       if (streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       // Past the first fenced batch of a thread cache (256 blocks), so the timed part is the
@@ -185,6 +191,7 @@ static double threads(int n, size_t size, bool async, int iters, bool streams) {
       ready++;
       while (!go) std::this_thread::yield();
       for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+      took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
       done++;
       // Destroyed once every thread is done, so that no destroy lands inside another's timing.
       while (!finished) std::this_thread::yield();
@@ -192,12 +199,16 @@ static double threads(int n, size_t size, bool async, int iters, bool streams) {
     });
   }
   while (ready < n) std::this_thread::yield();
-  auto t0 = Clock::now();
+  t0 = Clock::now();
   go = true;
   while (done < n) std::this_thread::yield();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   finished = true;
   for (auto& t : ts) t.join();
+  std::sort(took.begin(), took.end());
+  const double mid = took[took.size() / 2];
+  g_first_done = took.front() / mid;
+  g_last_done = took.back() / mid;
   return n * iters / s;
 }
 
@@ -215,7 +226,8 @@ static void threads_ab(int a, int b, size_t size, bool async, int iters, bool st
       const int n = first_a ? a : b;
       const double rate = threads(n, size, async, iters, streams);
       (first_a ? ra : rb).push_back(rate);
-      std::printf("threads_round round=%d threads=%d size=%zu async=%d pairs_per_s=%.0f\n", r, n, size, async, rate);
+      std::printf("threads_round round=%d threads=%d size=%zu async=%d pairs_per_s=%.0f first_done=%.2f last_done=%.2f\n",
+                  r, n, size, async, rate, g_first_done, g_last_done);
     }
   }
   std::printf("threads_ab a=%d b=%d size=%zu async=%d a_pairs_per_s=%.0f b_pairs_per_s=%.0f ratio=%.2f\n", a, b, size,

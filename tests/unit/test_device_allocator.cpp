@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -420,6 +421,106 @@ TEST_CASE("a loop of cudaMalloc+cudaFree pairs records one device fence per batc
   CHECK(f.stat("num_locked_allocs") > 0);
   CHECK(f.stat("num_locked_allocs") <= static_cast<std::int64_t>(ThreadCache::kBatchBlocks + 1));
   CHECK(f.stat("num_locked_frees") == 0);
+}
+
+namespace {
+
+// Thread B closes a batch of `blocks` cudaFree'd blocks of `bytes`; the recording of its fence is
+// held open (SimOp::kDeviceFence) until release(), as a driver call that takes long. Meanwhile
+// the test's thread closes a batch of its own, which B's recording leaves to its next round.
+struct HeldFence {
+  HeldFence(Fixture& f, std::size_t bytes, std::size_t blocks) : f_(f) {
+    f.sim.during_next(SimOp::kDeviceFence, [this] {
+      inside = true;
+      while (!released) std::this_thread::yield();
+    });
+    b_ = std::thread([this, bytes, blocks] {
+      std::vector<DevicePtr> ptrs;
+      for (std::size_t i = 0; i < blocks; ++i) ptrs.push_back(f_.get_in_thread(bytes));
+      for (DevicePtr p : ptrs) f_.alloc.free(p, FreeOrder::kDevice);  // the last closes B's batch
+    });
+    while (!inside) std::this_thread::yield();
+    for (std::size_t i = 0; i < blocks; ++i) mine.push_back(f.get(bytes));
+    for (DevicePtr p : mine) f.alloc.free(p, FreeOrder::kDevice);
+  }
+  // Runs `request` on this thread while B's recording is held; a watchdog releases it after
+  // `limit` if the request has not returned by then. True if it returned first.
+  template <typename F>
+  bool returns_before_release(F&& request, std::chrono::milliseconds limit) {
+    std::atomic<bool> returned{false};
+    std::atomic<bool> fired{false};
+    std::thread watchdog([&] {
+      const auto until = std::chrono::steady_clock::now() + limit;
+      while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (returned) return;
+      fired = true;
+      released = true;
+    });
+    request();
+    returned = true;
+    watchdog.join();
+    return !fired;
+  }
+  void release() {
+    released = true;
+    if (b_.joinable()) b_.join();
+  }
+  ~HeldFence() { release(); }
+
+  std::vector<DevicePtr> mine;  // the test thread's batch
+  std::atomic<bool> inside{false};
+  std::atomic<bool> released{false};
+
+ private:
+  Fixture& f_;
+  std::thread b_;
+};
+
+}  // namespace
+
+TEST_CASE("a thread whose next batch waits on another thread's recording takes a block from the pools and keeps its cache") {
+  // Before, the thread waited for B's recording (which here never ends on its own).
+  Fixture f;
+  HeldFence held(f, 4096, ThreadCache::kBatchBlocks);
+  const auto locked = f.stat("num_locked_allocs");
+  DevicePtr bridged = 0;
+  CHECK(held.returns_before_release([&] { bridged = f.get(4096); }, std::chrono::milliseconds(2000)));
+  held.release();
+  REQUIRE(f.failed_gets == 0);
+  CHECK(f.stat("num_bridged_allocs") == 1);
+  CHECK(f.stat("num_locked_allocs") == locked + 1);
+  CHECK(std::find(held.mine.begin(), held.mine.end(), bridged) == held.mine.end());
+  // The thread kept its batch (no drain): B's fence, gone round again, covers it, and it serves
+  // the next requests from the thread's cache.
+  for (std::size_t i = 0; i < ThreadCache::kDepth; ++i) {
+    const DevicePtr p = f.get(4096);
+    CHECK(std::find(held.mine.begin(), held.mine.end(), p) != held.mine.end());
+  }
+  CHECK(f.stat("num_locked_allocs") == locked + 1);
+  CHECK(f.stat("num_bridged_allocs") == 1);
+}
+
+TEST_CASE("a thread takes at most a batch's bytes from the pools before it waits for another thread's recording") {
+  // 1 MiB blocks: a batch closes at kBatchBytes, 16 blocks, and the bridges stop at as many.
+  constexpr std::size_t kBlock = kMiB;
+  constexpr std::size_t kBlocks = ThreadCache::kBatchBytes / kBlock;
+  Fixture f;
+  HeldFence held(f, kBlock, kBlocks);
+  std::vector<DevicePtr> bridged;
+  CHECK(held.returns_before_release(
+      [&] {
+        for (std::size_t i = 0; i < kBlocks; ++i) bridged.push_back(f.get(kBlock));
+      },
+      std::chrono::milliseconds(2000)));
+  CHECK(f.stat("num_bridged_allocs") == static_cast<std::int64_t>(kBlocks));
+  // The next one waits for B's recording, as before, and is then served from the thread's batch.
+  DevicePtr next = 0;
+  CHECK_FALSE(held.returns_before_release([&] { next = f.get(kBlock); }, std::chrono::milliseconds(200)));
+  held.release();
+  REQUIRE(f.failed_gets == 0);
+  CHECK(f.stat("num_bridged_allocs") == static_cast<std::int64_t>(kBlocks));
+  CHECK(std::find(held.mine.begin(), held.mine.end(), next) != held.mine.end());
+  for (DevicePtr p : bridged) CHECK(std::find(held.mine.begin(), held.mine.end(), p) == held.mine.end());
 }
 
 TEST_CASE("a small miss leaves other threads' caches alone unless memory is short") {

@@ -171,3 +171,60 @@ TEST_CASE("a covered batch records nothing more, and an uncovered one is recorde
   clock.cover(third, backend);
   CHECK(backend.records == 2);
 }
+
+TEST_CASE("try_passed answers busy at once while another thread records the fence that will cover the ticket") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t first = clock.stamp();
+  backend.hold = true;
+  std::thread recorder([&] { clock.cover(first, backend); });
+  while (!backend.inside) std::this_thread::yield();
+  const std::uint64_t second = clock.stamp();  // closed while that fence is being recorded
+  std::atomic<bool> answered{false};
+  FenceClock::Answer answer = FenceClock::Answer::kPassed;
+  std::thread asker([&] {
+    answer = clock.try_passed(second, backend);
+    answered = true;
+  });
+  for (int i = 0; i < 200 && !answered; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool without_waiting = answered;  // passed() would still wait here
+  backend.hold = false;
+  recorder.join();
+  asker.join();
+  CHECK(without_waiting);
+  CHECK(answer == FenceClock::Answer::kBusy);
+  CHECK(backend.queries == 0);
+  // The recorder went round once more for it: the next try finds it covered and asks the device.
+  CHECK(backend.records == 2);
+  CHECK(clock.try_passed(second, backend) == FenceClock::Answer::kNotYet);
+  backend.complete = true;
+  CHECK(clock.try_passed(second, backend) == FenceClock::Answer::kPassed);
+  CHECK(clock.try_passed(first, backend) == FenceClock::Answer::kPassed);
+  CHECK(backend.records == 2);
+}
+
+TEST_CASE("try_passed records a fence itself when no other thread is, and waits for another thread's query") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t ticket = clock.stamp();
+  CHECK(clock.try_passed(ticket, backend) == FenceClock::Answer::kNotYet);  // recorded here; device behind
+  CHECK(backend.records == 1);
+  backend.complete = true;
+  // Another thread is querying that fence: the answer is waited for (a driver call), not "busy".
+  backend.hold = true;
+  std::thread querier([&] { clock.passed_now(ticket, /*wait=*/true); });
+  while (!backend.inside) std::this_thread::yield();
+  std::atomic<bool> answered{false};
+  FenceClock::Answer answer = FenceClock::Answer::kBusy;
+  std::thread asker([&] {
+    answer = clock.try_passed(ticket, backend);
+    answered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(answered);
+  backend.hold = false;
+  querier.join();
+  asker.join();
+  CHECK(answer == FenceClock::Answer::kPassed);
+  CHECK(backend.records == 1);
+}

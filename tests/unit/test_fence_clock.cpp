@@ -75,6 +75,15 @@ bool passed_behind(FenceClock& clock, std::uint64_t ticket, GatedBackend& backen
   return result;
 }
 
+// Starts a thread recording the fence that covers `ticket`, held open (backend.hold) until the
+// test clears hold; returns once the recording is under way.
+std::thread recording_held(FenceClock& clock, GatedBackend& backend, std::uint64_t ticket) {
+  backend.hold = true;
+  std::thread recorder([&clock, &backend, ticket] { clock.cover(ticket, backend); });
+  while (!backend.inside) std::this_thread::yield();
+  return recorder;
+}
+
 }  // namespace
 
 TEST_CASE("a batch's fence being queried by another thread is waited for, not reported as not passed") {
@@ -134,9 +143,7 @@ TEST_CASE("batches closed while another thread records are covered by that threa
   GatedBackend backend;
   FenceClock clock;
   const std::uint64_t first = clock.stamp();
-  backend.hold = true;
-  std::thread recorder([&] { clock.cover(first, backend); });
-  while (!backend.inside) std::this_thread::yield();
+  std::thread recorder = recording_held(clock, backend, first);
   // Two more batches close while that fence is being recorded: neither thread waits for it.
   const std::uint64_t second = clock.stamp();
   const std::uint64_t third = clock.stamp();
@@ -176,9 +183,7 @@ TEST_CASE("try_passed answers busy at once while another thread records the fenc
   GatedBackend backend;
   FenceClock clock;
   const std::uint64_t first = clock.stamp();
-  backend.hold = true;
-  std::thread recorder([&] { clock.cover(first, backend); });
-  while (!backend.inside) std::this_thread::yield();
+  std::thread recorder = recording_held(clock, backend, first);
   const std::uint64_t second = clock.stamp();  // closed while that fence is being recorded
   std::atomic<bool> answered{false};
   FenceClock::Answer answer = FenceClock::Answer::kPassed;

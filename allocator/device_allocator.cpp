@@ -113,7 +113,8 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // Other threads' parked blocks may cost a program a few more segments (PyTorch gpt2 with
     // its cache off: ~30 more 2 MiB segments in 10 steps). Small blocks cannot serve a large
     // request (the pools do not share segments), so a large miss leaves the small bins warm.
-    // A bridge (allocate_missed) keeps the thread's cache: its blocks are all in flight.
+    // A bridge (allocate_missed) keeps the thread's cache: draining it would restart the
+    // thread's pipeline, which the bridge is there to deepen.
     if (!room_for(SizeClasses::segment_size(rounded))) {
       drain_all(true);
     } else if (kind == PoolKind::kSmall && !bridge) {
@@ -294,6 +295,7 @@ void DeviceAllocator::forget_all() {
     cache->batches().clear();
     cache->spill().clear();
     cache->reset_delta();
+    cache->reset_bridges();
     cache->live.clear();
   }
   m.report_forgotten();

@@ -60,7 +60,9 @@ class FenceClock {
     cover(ticket, backend);  // records one here unless another thread is recording
     {
       std::lock_guard lock(lock_);
-      if (!past_or_covered(ticket)) return Answer::kBusy;  // that thread's next round covers it
+      // cover() asked that thread to go round once more for it; if it was in its last round,
+      // the ticket stays uncovered and the next call records a fence here.
+      if (!past_or_covered(ticket)) return Answer::kBusy;
     }
     return passed_now(ticket, /*wait=*/true) ? Answer::kPassed : Answer::kNotYet;
   }

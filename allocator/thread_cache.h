@@ -170,11 +170,16 @@ class ThreadCache {
   // Blocks this thread took from the pools while another thread was recording the fence of
   // its next batch (allocate_missed's bridge), and their bytes: each deepens its pipeline
   // by one block, so that its batches are needed later, when their fences have had time. At
-  // most a batch's worth (kBatchBlocks, kBatchBytes) until a drain empties the pipeline.
+  // most a batch's worth (kBatchBlocks, kBatchBytes) until the pipeline is emptied (a full
+  // drain, or the context's end), which resets them.
   std::size_t bridged = 0;
   std::size_t bridged_bytes = 0;
   bool may_bridge(std::size_t rounded) const {
     return bridged < kBatchBlocks && bridged_bytes + rounded <= kBatchBytes;
+  }
+  void reset_bridges() {
+    bridged = 0;
+    bridged_bytes = 0;
   }
   LiveTable live;
 

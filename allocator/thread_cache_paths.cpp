@@ -179,8 +179,7 @@ void Impl::drain(ThreadCache& cache, bool bins) {
   }
   if (bins) {
     cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
-    cache.bridged = 0;  // the pipeline is gone: a new one may bridge again
-    cache.bridged_bytes = 0;
+    cache.reset_bridges();  // the pipeline is gone: a new one may bridge again
   }
 }
 

@@ -439,9 +439,16 @@ struct HeldFence {
       for (std::size_t i = 0; i < blocks; ++i) ptrs.push_back(f_.get_in_thread(bytes));
       for (DevicePtr p : ptrs) f_.alloc.free(p, FreeOrder::kDevice);  // the last closes B's batch
     });
-    while (!inside) std::this_thread::yield();
-    for (std::size_t i = 0; i < blocks; ++i) mine.push_back(f.get(bytes));
-    for (DevicePtr p : mine) f.alloc.free(p, FreeOrder::kDevice);
+    try {  // a failed REQUIRE throws: B is released and joined first
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!inside && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      REQUIRE(inside);  // B's batch closed and its fence is being recorded
+      for (std::size_t i = 0; i < blocks; ++i) mine.push_back(f.get(bytes));
+      for (DevicePtr p : mine) f.alloc.free(p, FreeOrder::kDevice);
+    } catch (...) {
+      release();
+      throw;
+    }
   }
   // Runs `request` on this thread while B's recording is held; a watchdog releases it after
   // `limit` if the request has not returned by then. True if it returned first.
@@ -456,7 +463,13 @@ struct HeldFence {
       fired = true;
       released = true;
     });
-    request();
+    try {
+      request();
+    } catch (...) {  // a failed REQUIRE: the watchdog is joined first
+      returned = true;
+      watchdog.join();
+      throw;
+    }
     returned = true;
     watchdog.join();
     return !fired;
@@ -500,10 +513,12 @@ TEST_CASE("a thread whose next batch waits on another thread's recording takes a
   CHECK(f.stat("num_bridged_allocs") == 1);
 }
 
-TEST_CASE("a thread takes at most a batch's bytes from the pools before it waits for another thread's recording") {
+TEST_CASE("a thread takes at most a batch's blocks or bytes from the pools before it waits for another thread's recording") {
   // 1 MiB blocks: a batch closes at kBatchBytes, 16 blocks, and the bridges stop at as many.
-  constexpr std::size_t kBlock = kMiB;
-  constexpr std::size_t kBlocks = ThreadCache::kBatchBytes / kBlock;
+  // 4 KiB blocks: at kBatchBlocks, 256 blocks (1 MiB).
+  const std::size_t kBlock = GENERATE(as<std::size_t>{}, 1024 * 1024, 4096);
+  const std::size_t kBlocks = std::min(ThreadCache::kBatchBytes / kBlock, ThreadCache::kBatchBlocks);
+  CAPTURE(kBlock, kBlocks);
   Fixture f;
   HeldFence held(f, kBlock, kBlocks);
   std::vector<DevicePtr> bridged;
@@ -521,6 +536,12 @@ TEST_CASE("a thread takes at most a batch's bytes from the pools before it waits
   CHECK(f.stat("num_bridged_allocs") == static_cast<std::int64_t>(kBlocks));
   CHECK(std::find(held.mine.begin(), held.mine.end(), next) != held.mine.end());
   for (DevicePtr p : bridged) CHECK(std::find(held.mine.begin(), held.mine.end(), p) == held.mine.end());
+  // The context's end empties the thread's pipeline, and with it the count: it bridges again.
+  f.alloc.forget_all();
+  HeldFence again(f, kBlock, kBlocks);
+  CHECK(again.returns_before_release([&] { f.get(kBlock); }, std::chrono::milliseconds(2000)));
+  again.release();
+  REQUIRE(f.failed_gets == 0);
 }
 
 TEST_CASE("a small miss leaves other threads' caches alone unless memory is short") {

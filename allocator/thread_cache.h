@@ -172,14 +172,16 @@ class ThreadCache {
   // by one block, so that its batches are needed later, when their fences have had time. At
   // most a batch's worth (kBatchBlocks, kBatchBytes) until the pipeline is emptied (a full
   // drain, or the context's end), which resets them.
-  std::size_t bridged = 0;
-  std::size_t bridged_bytes = 0;
   bool may_bridge(std::size_t rounded) const {
-    return bridged < kBatchBlocks && bridged_bytes + rounded <= kBatchBytes;
+    return bridged_ < kBatchBlocks && bridged_bytes_ + rounded <= kBatchBytes;
+  }
+  void note_bridge(std::size_t rounded) {
+    ++bridged_;
+    bridged_bytes_ += rounded;
   }
   void reset_bridges() {
-    bridged = 0;
-    bridged_bytes = 0;
+    bridged_ = 0;
+    bridged_bytes_ = 0;
   }
   LiveTable live;
 
@@ -224,6 +226,8 @@ class ThreadCache {
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
   HotStats delta_;
+  std::size_t bridged_ = 0;  // see may_bridge
+  std::size_t bridged_bytes_ = 0;
 };
 
 }  // namespace cudalloc

@@ -194,11 +194,12 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   if (batches.empty()) return Refill::kNone;
   ThreadCache::Batch& batch = batches.front();
   if (!batch.passed) {
-    const FenceClock::Answer answer = batch_fences.try_passed(batch.ticket, backend);
-    if (answer == FenceClock::Answer::kNotYet) return Refill::kNone;
-    if (answer == FenceClock::Answer::kBusy) {
-      if (may_bridge) return Refill::kBusy;
+    if (!may_bridge) {
       if (!batch_fences.passed(batch.ticket, backend)) return Refill::kNone;
+    } else {
+      const FenceClock::Answer answer = batch_fences.try_passed(batch.ticket, backend);
+      if (answer == FenceClock::Answer::kBusy) return Refill::kBusy;
+      if (answer == FenceClock::Answer::kNotYet) return Refill::kNone;
     }
   }
   batch.passed = true;
@@ -292,8 +293,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
       if (r == Refill::kDone) b = cache.pop(stream, rounded);
       if (r == Refill::kBusy) {
         bridge = true;
-        ++cache.bridged;
-        cache.bridged_bytes += rounded;
+        cache.note_bridge(rounded);
       }
     }
     if (b != nullptr) {

@@ -52,19 +52,19 @@ class GatedBackend final : public SegmentBackend {
   std::size_t total_memory() const override { return 0; }
 };
 
-// Runs `other` on a thread, where the backend holds its record or query open, then
-// clock.passed(ticket) on another: that call must still be waiting 50 ms later. Releases the
-// hold and returns what passed() answered.
-template <typename F>
-bool passed_behind(FenceClock& clock, std::uint64_t ticket, GatedBackend& backend, F&& other) {
+// Runs `other` on a thread, where the backend holds its record or query open, then `ask` on
+// another: that call must still be waiting 50 ms later. Releases the hold and returns what
+// `ask` answered.
+template <typename Ask, typename F>
+auto asked_behind(GatedBackend& backend, Ask&& ask, F&& other) {
   backend.hold = true;
   std::thread holder(std::forward<F>(other));
   while (!backend.inside) std::this_thread::yield();
 
   std::atomic<bool> finished{false};
-  bool result = false;
+  decltype(ask()) result{};
   std::thread asker([&] {
-    result = clock.passed(ticket, backend);
+    result = ask();
     finished = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -73,6 +73,12 @@ bool passed_behind(FenceClock& clock, std::uint64_t ticket, GatedBackend& backen
   holder.join();
   asker.join();
   return result;
+}
+
+// asked_behind() of clock.passed(ticket).
+template <typename F>
+bool passed_behind(FenceClock& clock, std::uint64_t ticket, GatedBackend& backend, F&& other) {
+  return asked_behind(backend, [&] { return clock.passed(ticket, backend); }, std::forward<F>(other));
 }
 
 // Starts a thread recording the fence that covers `ticket`, held open (backend.hold) until the
@@ -216,20 +222,8 @@ TEST_CASE("try_passed records a fence itself when no other thread is, and waits 
   CHECK(backend.records == 1);
   backend.complete = true;
   // Another thread is querying that fence: the answer is waited for (a driver call), not "busy".
-  backend.hold = true;
-  std::thread querier([&] { clock.passed_now(ticket, /*wait=*/true); });
-  while (!backend.inside) std::this_thread::yield();
-  std::atomic<bool> answered{false};
-  FenceClock::Answer answer = FenceClock::Answer::kBusy;
-  std::thread asker([&] {
-    answer = clock.try_passed(ticket, backend);
-    answered = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK_FALSE(answered);
-  backend.hold = false;
-  querier.join();
-  asker.join();
+  const FenceClock::Answer answer = asked_behind(
+      backend, [&] { return clock.try_passed(ticket, backend); }, [&] { clock.passed_now(ticket, /*wait=*/true); });
   CHECK(answer == FenceClock::Answer::kPassed);
   CHECK(backend.records == 1);
 }

@@ -8,6 +8,7 @@
 //   record_own     cuEventRecord on its own stream
 //   event_query    cuEventQuery of an event that has completed
 //   ctx_current    cuCtxGetCurrent (cudaMalloc's hot path asks it once a pair)
+//   record_ctx     cuCtxRecordEvent of the context (one event for all its streams' work)
 // and prints the median and p99 per call, all threads' timings together.
 #include <cuda.h>
 
@@ -27,8 +28,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kWindow = 16;  // calls per timing, so the clock's own cost is not counted
-enum Call { kStreamQuery, kRecordLegacy, kRecordOwn, kEventQuery, kCtxCurrent, kCalls };
-const char* kNames[kCalls] = {"stream_query", "record_legacy", "record_own", "event_query", "ctx_current"};
+enum Call { kStreamQuery, kRecordLegacy, kRecordOwn, kEventQuery, kCtxCurrent, kRecordCtx, kCalls };
+const char* kNames[kCalls] = {"stream_query", "record_legacy", "record_own", "event_query", "ctx_current", "record_ctx"};
 
 struct Timings {
   std::vector<double> ns[kCalls];
@@ -60,6 +61,7 @@ void run_thread(CUcontext ctx, int iters, std::atomic<int>* ready, std::atomic<b
             cuCtxGetCurrent(&cur);
             break;
           }
+          case kRecordCtx: cuCtxRecordEvent(ctx, events[i]); break;
         }
       }
       out->ns[c].push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWindow);

@@ -47,6 +47,7 @@ namespace cudalloc::shim {
   X(cuEventCreate, CUresult(CUevent*, unsigned int))                                           \
   X(cuEventDestroy_v2, CUresult(CUevent))                                                      \
   X(cuEventRecord, CUresult(CUevent, CUstream))                                                \
+  X(cuCtxRecordEvent, CUresult(CUcontext, CUevent))                                            \
   X(cuEventQuery, CUresult(CUevent))                                                           \
   X(cuEventSynchronize, CUresult(CUevent))                                                     \
   X(cuStreamWaitEvent, CUresult(CUstream, CUevent, unsigned int))                              \

@@ -415,9 +415,14 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
   if (fence->ordered) return fence;
   CUresult failed = CUDA_SUCCESS;
   // Under the capture lock: a capture that began on one of these streams after the caller's
-  // check would be invalidated by the query, and would swallow the event.
+  // check would be invalidated by the query, and would swallow the event (the context's event
+  // would invalidate any capture of the context).
   const bool recorded = captures_.unless_capturing([&] {
+    CUevent whole = record_context_event();
+    if (whole != nullptr) fence->events.push_back(whole);
+    const bool whole_context = whole != nullptr;
     for (const Target& t : targets) {
+      if (whole_context && t.in == nullptr) continue;
       if (t.info != nullptr && stream_idle(*t.info, t.stream)) continue;
       CUevent e = take_event();
       CUresult r = CUDA_ERROR_UNKNOWN;
@@ -443,6 +448,26 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     return std::make_unique<SyncFence>(this);
   }
   return fence;
+}
+
+// One event for the work queued on every stream of the context, destroyed streams' included
+// (cuCtxRecordEvent, CUDA 12.5): one driver call where the per-stream fence makes one per
+// non-blocking stream and the legacy record. On an H200 (driver 580.159.04, bench/fence_calls)
+// it took 239 ns from one thread against 244 ns per stream query and 381 ns for the legacy
+// record, and 4.5 us against 44 us for the legacy record from 8 threads at once; and it waited
+// for legacy, per-thread, blocking, non-blocking and destroyed streams' work
+// (tests/gpu/ctx_event_probe). Null, with nothing recorded, where the driver lacks or refuses it:
+// the per-stream fence is used from then on.
+CUevent DriverBackend::record_context_event() {
+  if (!context_events_.load(std::memory_order_relaxed) || driver().cuCtxRecordEvent == nullptr) return nullptr;
+  CUevent e = take_event();
+  if (e == nullptr) return nullptr;
+  const CUresult r = driver().cuCtxRecordEvent(ctx_, e);
+  if (r == CUDA_SUCCESS) return e;
+  give_event(e);
+  context_events_.store(false, std::memory_order_relaxed);
+  log_debug("device fence: cuCtxRecordEvent refused (error %d); recording on each stream instead", r);
+  return nullptr;
 }
 
 std::unique_ptr<Fence> DriverBackend::record_device_fence() {

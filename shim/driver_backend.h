@@ -1,9 +1,11 @@
 // SegmentBackend over the real driver, for one context.
 //
 // Fences are events (pooled, timing disabled). A device fence must cover every stream of the
-// context: an event on the legacy stream covers blocking streams and per-thread default
-// streams, but not non-blocking ones, so it also records on each known non-blocking stream,
-// and waits for the last work of non-blocking streams destroyed while it was still queued.
+// context. One event recorded for the context (cuCtxRecordEvent) does, where the driver has
+// it. Otherwise: an event on the legacy stream covers blocking streams and per-thread default
+// streams, but not non-blocking ones, so the fence also records on each known non-blocking
+// stream, and waits for the last work of non-blocking streams destroyed while it was still
+// queued. Green contexts' legacy streams get events of their own either way.
 // While a capture is on, fences are deferred: they record (as a device fence, later than
 // needed, which is safe) once no capture is on any more.
 //
@@ -87,6 +89,8 @@ class DriverBackend final : public SegmentBackend {
   std::unique_ptr<Fence> foreign_fence(CUcontext ctx, CUstream handle);
   CUevent take_event();
   void give_event(CUevent e);
+  // An event recorded for the whole context (see device_fence_now), or null.
+  CUevent record_context_event();
   const CaptureTracker& captures() const { return captures_; }
 
  private:
@@ -106,6 +110,8 @@ class DriverBackend final : public SegmentBackend {
   // fence can tell without the lock whether it must bring an event for it.
   std::atomic<CUevent> order_mark_{nullptr};
   std::vector<std::shared_ptr<Tail>> tails_;
+  // Whether device fences still try one event for the whole context (record_context_event).
+  std::atomic<bool> context_events_{true};
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
   // Segments given back while a capture was on (cuMemFree would break a global capture), with
   // their sizes: they count against the limit until freed (backend.h, kDeferred).

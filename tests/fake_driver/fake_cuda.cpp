@@ -263,6 +263,8 @@ struct Ctx {
     // Destroyed streams whose queued work may still run: the context's synchronization (and
     // cuMemFree's) waits for it, as the driver's does.
     std::vector<std::shared_ptr<Stream>> retired;
+    // Where cuCtxRecordEvent's records are queued: a stream of no one's, made at the first.
+    std::shared_ptr<Stream> marker;
 };
 
 enum class Kind { Linear, Async, Managed, Pitch };
@@ -693,6 +695,10 @@ void ctx_teardown_locked(Ctx* ctx, std::unique_lock<std::mutex>& lk) {
     }
     ctx->streams.clear();
     ctx->retired.clear();
+    if (ctx->marker) {
+        ctx->marker->retire();
+        ctx->marker.reset();
+    }
     if (ctx->legacy) {
         D.streams.erase(ctx->legacy.get());
         ctx->legacy->retire();
@@ -1913,6 +1919,46 @@ FK_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent h, CUstream s, unsig
     FK_ENTER();
     if (flags & ~unsigned(CU_EVENT_RECORD_EXTERNAL)) return CUDA_ERROR_INVALID_VALUE;
     return event_record(h, s, true);
+}
+
+// One event for all the work queued so far in a context, whatever its stream, destroyed
+// streams' included, and for a primary context its green contexts' too; a capture on any of
+// its streams makes it fail and is invalidated (what the driver does: tests/gpu/ctx_event_probe on
+// an H200, driver 580.159.04). $FAKE_CUDA_NO_CTX_EVENTS=1: refused, as by a driver before 12.5.
+FK_API CUresult CUDAAPI cuCtxRecordEvent(CUcontext hctx, CUevent h) {
+    FK_ENTER();
+    if (env_size("FAKE_CUDA_NO_CTX_EVENTS", 0) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Ctx* ctx = reinterpret_cast<Ctx*>(hctx);
+    if (!valid_ctx_locked(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    Event* e = reinterpret_cast<Event*>(h);
+    if (!events().count(e)) return CUDA_ERROR_INVALID_HANDLE;
+    bool capturing = false;
+    for (auto& c : drv().captures) {
+        if (c->origin->ctx == ctx || c->origin->ctx->green_of == ctx) {
+            c->invalidated = true;
+            capturing = true;
+        }
+    }
+    if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    std::vector<Dep> deps = ctx_fence_locked(ctx);
+    if (!ctx->marker) {
+        ctx->marker = std::make_shared<Stream>();
+        ctx->marker->ctx = ctx;
+        ctx->marker->flags = CU_STREAM_NON_BLOCKING;
+        ctx->marker->id = drv().next_stream_id++;
+    }
+    auto rec = std::make_shared<Record>();
+    rec->s = ctx->marker;
+    if (std::all_of(deps.begin(), deps.end(), [](const Dep& d) { return d.s->completed.load() >= d.seq; }) &&
+        ctx->marker->completed.load() >= ctx->marker->submitted) {
+        rec->seq = ctx->marker->submitted;  // nothing to wait for: done now, as event_record's idle case
+        rec->t_ms.store(now_ms());
+    } else {
+        rec->seq = submit_locked(ctx->marker, [rec] { rec->t_ms.store(now_ms()); }, std::move(deps));
+    }
+    e->rec = rec;
+    return CUDA_SUCCESS;
 }
 
 // Looks the event up; for events recorded in a live capture returns CAPTURE_UNSUPPORTED

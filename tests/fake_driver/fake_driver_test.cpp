@@ -422,6 +422,72 @@ TEST_CASE("legacy stream vs blocking and non-blocking streams", "[streams]") {
     REQUIRE(cuStreamDestroy_v2(nonblocking) == CUDA_SUCCESS);
 }
 
+// What tests/gpu/ctx_event_probe found on an H200 (driver 580.159.04).
+TEST_CASE("cuCtxRecordEvent waits for the work of every stream, and only for work queued before it", "[streams]") {
+    FN(cuStreamCreate);
+    FN(cuStreamDestroy_v2);
+    FN(cuEventCreate);
+    FN(cuCtxRecordEvent);
+    FN(cuEventQuery);
+    FN(cuEventSynchronize);
+    FN(cuEventDestroy_v2);
+    FN(cuCtxSynchronize);
+    FN(cuStreamBeginCapture_v2);
+    FN(cuStreamEndCapture);
+    FN(cuStreamIsCapturing);
+    CUcontext ctx = use_primary();
+    CUstream blocking = nullptr, nonblocking = nullptr;
+    REQUIRE(cuStreamCreate(&blocking, CU_STREAM_DEFAULT) == CUDA_SUCCESS);
+    REQUIRE(cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUevent ev;
+    REQUIRE(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    // An idle context: done at once.
+    REQUIRE(cuCtxRecordEvent(ctx, ev) == CUDA_SUCCESS);
+    CHECK(cuEventQuery(ev) == CUDA_SUCCESS);
+    CUstream doomed = nullptr;
+    REQUIRE(cuStreamCreate(&doomed, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    struct Case {
+        const char* name;
+        CUstream stream;
+        bool destroy;
+    };
+    for (const Case& c : {Case{"legacy", CU_STREAM_LEGACY, false}, Case{"per-thread", CU_STREAM_PER_THREAD, false},
+                          Case{"blocking", blocking, false}, Case{"non-blocking", nonblocking, false},
+                          Case{"destroyed", doomed, true}}) {
+        INFO(c.name);
+        Gate g;
+        g.block(c.stream);
+        if (c.destroy) REQUIRE(cuStreamDestroy_v2(c.stream) == CUDA_SUCCESS);
+        REQUIRE(cuCtxRecordEvent(ctx, ev) == CUDA_SUCCESS);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        CHECK(cuEventQuery(ev) == CUDA_ERROR_NOT_READY);
+        g.release();
+        REQUIRE(cuEventSynchronize(ev) == CUDA_SUCCESS);
+    }
+    {
+        INFO("work queued after the record");
+        Gate g;
+        REQUIRE(cuCtxRecordEvent(ctx, ev) == CUDA_SUCCESS);
+        g.block(nonblocking);
+        REQUIRE(cuEventSynchronize(ev) == CUDA_SUCCESS);  // returns while the gate is shut
+        g.release();
+    }
+    {
+        INFO("a capture on a stream of the context is invalidated");
+        REQUIRE(cuStreamBeginCapture_v2(nonblocking, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+        CHECK(cuCtxRecordEvent(ctx, ev) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        CUstreamCaptureStatus st;
+        REQUIRE(cuStreamIsCapturing(nonblocking, &st) == CUDA_SUCCESS);
+        CHECK(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        CUgraph graph = nullptr;
+        CHECK(cuStreamEndCapture(nonblocking, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);
+    REQUIRE(cuEventDestroy_v2(ev) == CUDA_SUCCESS);
+    REQUIRE(cuStreamDestroy_v2(blocking) == CUDA_SUCCESS);
+    REQUIRE(cuStreamDestroy_v2(nonblocking) == CUDA_SUCCESS);
+}
+
 TEST_CASE("cuMemFree_v2 waits for all streams, cuMemAlloc does not", "[memory][streams]") {
     FN(cuMemAlloc_v2);
     FN(cuMemFree_v2);

@@ -468,20 +468,50 @@ TEST_CASE("a block freed under a late write on a non-blocking stream comes back 
   REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
 }
 
-TEST_CASE("a device fence asks idle non-blocking streams instead of recording events on them", "[race][own-process]") {
+namespace {
+
+// `count` cudaMalloc'd pairs of 64 KiB: a device fence every batch.
+void fenced_pairs(Client& c, int count) {
+  for (int i = 0; i < count; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, 64 << 10) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a device fence is one event recorded for the whole context", "[race][own-process]") {
   Client& c = client::client();
   CUstream a = make_stream(c, CU_STREAM_NON_BLOCKING);
   CUstream b = make_stream(c, CU_STREAM_NON_BLOCKING);
-  auto pairs = [&](int count) {
-    for (int i = 0; i < count; ++i) {
-      CUdeviceptr p = 0;
-      REQUIRE(c.api.cuMemAlloc_v2(&p, 64 << 10) == CUDA_SUCCESS);
-      REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
-    }
-  };
+  for (const bool busy : {false, true}) {
+    if (busy) REQUIRE(c.launch_sleep(a, 1000000) == CUDA_SUCCESS);
+    c.reset_stats();
+    fenced_pairs(c, 2048);
+    INFO("stream a busy: " << busy);
+    CHECK(c.call_count("cuCtxRecordEvent") > 0);
+    CHECK(c.call_count("cuEventRecord") == 0);
+    CHECK(c.call_count("cuStreamQuery") == 0);
+  }
+  REQUIRE(c.api.cuStreamSynchronize(a) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(a) == CUDA_SUCCESS);
+  REQUIRE(c.api.cuStreamDestroy_v2(b) == CUDA_SUCCESS);
+}
+
+// Run with FAKE_CUDA_NO_CTX_EVENTS=1 (meson: interpose_fence_per_stream): a driver without
+// cuCtxRecordEvent.
+TEST_CASE("a device fence asks idle non-blocking streams instead of recording events on them", "[race][own-process][per-stream-fence]") {
+  Client& c = client::client();
+  CUstream a = make_stream(c, CU_STREAM_NON_BLOCKING);
+  CUstream b = make_stream(c, CU_STREAM_NON_BLOCKING);
+  auto pairs = [&](int count) { fenced_pairs(c, count); };
+  // Refused once, the context's event is not asked for again.
+  pairs(2048);
   // Both idle: each fence records the legacy stream's event and queries a and b.
   c.reset_stats();
   pairs(2048);
+  CHECK(c.call_count("cuCtxRecordEvent") == 0);
   const std::uint64_t fences = c.call_count("cuEventRecord");
   REQUIRE(fences > 0);
   CHECK(c.call_count("cuStreamQuery") == 2 * fences);
@@ -498,6 +528,27 @@ TEST_CASE("a device fence asks idle non-blocking streams instead of recording ev
   REQUIRE(c.api.cuStreamSynchronize(a) == CUDA_SUCCESS);
   REQUIRE(c.api.cuStreamDestroy_v2(a) == CUDA_SUCCESS);
   REQUIRE(c.api.cuStreamDestroy_v2(b) == CUDA_SUCCESS);
+}
+
+TEST_CASE("a context event the driver refuses gives way to per-stream fences", "[race][own-process][ctx-event-refused]") {
+  Client& c = client::client();
+  REQUIRE(c.fail_next != nullptr);
+  CUstream a = make_stream(c, CU_STREAM_NON_BLOCKING);
+  c.fail_next("cuCtxRecordEvent", 0, CUDA_ERROR_NOT_SUPPORTED);
+  c.reset_stats();
+  fenced_pairs(c, 2048);
+  CHECK(c.call_count("cuCtxRecordEvent") == 1);
+  CHECK(c.call_count("cuEventRecord") > 0);
+  // The fences that follow still wait for a non-blocking stream's late write.
+  const size_t n = 64 << 10;
+  CUdeviceptr p = 0;
+  REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+  REQUIRE(c.launch_write(a, p, n, 0xAA, 500000) == CUDA_SUCCESS);
+  const bool reused = free_then_chase(c, p, n);
+  REQUIRE(c.api.cuStreamSynchronize(a) == CUDA_SUCCESS);
+  check_chased(c, p, n, reused);
+  CHECK(c.call_count("cuCtxRecordEvent") == 1);
+  REQUIRE(c.api.cuStreamDestroy_v2(a) == CUDA_SUCCESS);
 }
 
 TEST_CASE("a late write on a green context's stream never corrupts the next owner", "[race]") {

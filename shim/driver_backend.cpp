@@ -422,7 +422,11 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     if (whole != nullptr) fence->events.push_back(whole);
     const bool whole_context = whole != nullptr;
     for (const Target& t : targets) {
-      if (whole_context && t.in == nullptr) continue;
+      // The context's event covers its own streams. The primary context's covers its green
+      // contexts' too (documented, and probed on the H200 for a green non-blocking stream), but
+      // those keep events of their own: they are rare, and cost nothing where there are none.
+      const bool own = t.in == nullptr && (t.info == nullptr || t.info->ctx == ctx_);
+      if (whole_context && own) continue;
       if (t.info != nullptr && stream_idle(*t.info, t.stream)) continue;
       CUevent e = take_event();
       CUresult r = CUDA_ERROR_UNKNOWN;
@@ -465,8 +469,11 @@ CUevent DriverBackend::record_context_event() {
   const CUresult r = driver().cuCtxRecordEvent(ctx_, e);
   if (r == CUDA_SUCCESS) return e;
   give_event(e);
-  context_events_.store(false, std::memory_order_relaxed);
-  log_debug("device fence: cuCtxRecordEvent refused (error %d); recording on each stream instead", r);
+  // For good: a driver that refuses it once (an older one, a context kind it does not take, a
+  // capture the tracker did not see, which the call has invalidated) is not asked again.
+  if (context_events_.exchange(false, std::memory_order_relaxed)) {
+    log_info("device fence: cuCtxRecordEvent refused (error %d); fences record on each stream from now on", r);
+  }
   return nullptr;
 }
 

@@ -89,8 +89,6 @@ class DriverBackend final : public SegmentBackend {
   std::unique_ptr<Fence> foreign_fence(CUcontext ctx, CUstream handle);
   CUevent take_event();
   void give_event(CUevent e);
-  // An event recorded for the whole context (see device_fence_now), or null.
-  CUevent record_context_event();
   const CaptureTracker& captures() const { return captures_; }
 
  private:
@@ -119,6 +117,9 @@ class DriverBackend final : public SegmentBackend {
   // `s` (of context `in`, this one's by default) runs nothing queued from now on before `e`
   // completes (the host waits if it cannot).
   void wait_behind(CUstream s, CUevent e, CUcontext in = nullptr);
+  // An event recorded for the whole context (see device_fence_now), or null. Only where no
+  // capture can begin (captures_.unless_capturing): it would invalidate any capture of the context.
+  CUevent record_context_event();
   CUresult map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h);
 };
 

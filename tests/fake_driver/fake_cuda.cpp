@@ -1634,6 +1634,10 @@ FK_API CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx h) {
         c->legacy->retire();
         c->legacy.reset();
     }
+    if (c->marker) {
+        c->marker->retire();
+        c->marker.reset();
+    }
     c->alive = false;
     drv().greens.erase(c);
     auto& st = t_ctx_stack;

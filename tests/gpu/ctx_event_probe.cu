@@ -4,6 +4,9 @@
 // whether it completed once the work had.
 //   legacy, per_thread, blocking, non_blocking: a 200 ms kernel queued on that stream first
 //   destroyed: the same on a non-blocking stream destroyed before the record
+//   green: the same on a non-blocking stream of a green context, the primary context's event
+//   graph: a 200 ms kernel in a CUDA graph launched on a non-blocking stream
+//   host_func: a 200 ms host function on a non-blocking stream
 //   later: a kernel queued after the record (the event must not wait for it: "done")
 //   capture: the record while another stream captures (its result, and the capture's state)
 #include <cuda.h>
@@ -24,12 +27,23 @@ const char* state(CUresult r) {
   return r == CUDA_SUCCESS ? "done" : r == CUDA_ERROR_NOT_READY ? "pending" : "error";
 }
 
-void probe(const char* name, CUcontext ctx, cudaStream_t stream, bool destroy, bool after) {
+void CUDART_CB sleep_host(void*) { usleep(200000); }
+
+enum class Work { kKernel, kGraph, kHostFunc };
+
+void probe(const char* name, CUcontext ctx, cudaStream_t stream, bool destroy, bool after,
+           Work work = Work::kKernel, cudaGraphExec_t graph = nullptr) {
   CUevent e = nullptr;
   CHECK_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   if (!after) {
-    spin_kernel<<<1, 1, 0, stream>>>(kSpin);
-    CHECK_CUDA(cudaGetLastError());
+    if (work == Work::kGraph) {
+      CHECK_CUDA(cudaGraphLaunch(graph, stream));
+    } else if (work == Work::kHostFunc) {
+      CHECK_CUDA(cudaLaunchHostFunc(stream, sleep_host, nullptr));
+    } else {
+      spin_kernel<<<1, 1, 0, stream>>>(kSpin);
+      CHECK_CUDA(cudaGetLastError());
+    }
     if (destroy) CHECK_CUDA(cudaStreamDestroy(stream));
   }
   const CUresult rec = cuCtxRecordEvent(ctx, e);
@@ -62,6 +76,34 @@ int main() {
   probe("blocking", ctx, blocking, false, false);
   probe("non_blocking", ctx, non_blocking, false, false);
   probe("destroyed", ctx, doomed, true, false);
+  {
+    CUdevice dev = 0;
+    CHECK_CU(cuCtxGetDevice(&dev));
+    CUdevResource sms{};
+    CHECK_CU(cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM));
+    CUdevResourceDesc desc{};
+    CHECK_CU(cuDevResourceGenerateDesc(&desc, &sms, 1));
+    CUgreenCtx green = nullptr;
+    CHECK_CU(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUstream green_stream = nullptr;
+    CHECK_CU(cuGreenCtxStreamCreate(&green_stream, green, CU_STREAM_NON_BLOCKING, 0));
+    probe("green", ctx, reinterpret_cast<cudaStream_t>(green_stream), false, false);
+    CHECK_CU(cuStreamDestroy(green_stream));
+    CHECK_CU(cuGreenCtxDestroy(green));
+    CHECK_CU(cuCtxSetCurrent(ctx));
+  }
+  {
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+    spin_kernel<<<1, 1, 0, capturing>>>(kSpin);
+    CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    probe("graph", ctx, non_blocking, false, false, Work::kGraph, exec);
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  probe("host_func", ctx, non_blocking, false, false, Work::kHostFunc);
   probe("later", ctx, non_blocking, false, true);
 
   // A capture in progress on another stream.

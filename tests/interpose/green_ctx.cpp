@@ -13,6 +13,7 @@ namespace {
 using PFN_create = CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned);
 using PFN_from = CUresult (*)(CUcontext*, CUgreenCtx);
 using PFN_destroy = CUresult (*)(CUgreenCtx);
+using PFN_green_stream = CUresult (*)(CUstream*, CUgreenCtx, unsigned, int);
 
 // Past free_epoch_mb's default (64 MiB): the free closes cudalloc's free epoch, so the next
 // allocation may take the block back once the owner's fence is done.
@@ -61,6 +62,10 @@ int main() {
   CHECK_OR_DIE(from(&gctx, green) == CUDA_SUCCESS && gctx != nullptr && gctx != c.ctx);
   CUstream primary_stream = nullptr;
   CHECK_OR_DIE(c.api.cuStreamCreate(&primary_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  auto green_stream_create = reinterpret_cast<PFN_green_stream>(dlsym(c.rt.handle, "cuGreenCtxStreamCreate"));
+  CHECK_OR_DIE(client::is_cudalloc(reinterpret_cast<void*>(green_stream_create)));
+  CUstream green_stream = nullptr;
+  CHECK_OR_DIE(green_stream_create(&green_stream, green, CU_STREAM_NON_BLOCKING, 0) == CUDA_SUCCESS);
 
   struct Case {
     const char* name;
@@ -71,6 +76,9 @@ int main() {
       {"primary block, green context's default stream", c.ctx, gctx, nullptr},
       {"green block, primary context's default stream", gctx, c.ctx, nullptr},
       {"green block, primary context's non-blocking stream", gctx, c.ctx, primary_stream},
+      // A device fence must cover the green context's own streams too, whether it records one
+      // event for the primary context or one per stream.
+      {"primary block, green context's non-blocking stream", c.ctx, gctx, green_stream},
   };
   int failures = 0;
   for (const Case& k : cases) {
@@ -85,6 +93,7 @@ int main() {
   CUdeviceptr kept = 0;
   CHECK_OR_DIE(c.api.cuMemAlloc_v2(&kept, 1 << 20) == CUDA_SUCCESS);
   CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuStreamDestroy_v2(green_stream) == CUDA_SUCCESS);
   CHECK_OR_DIE(destroy(green) == CUDA_SUCCESS);
   unsigned char byte = 0;
   CHECK_OR_DIE(c.api.cuMemsetD8_v2(kept, 7, 1 << 20) == CUDA_SUCCESS);

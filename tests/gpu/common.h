@@ -24,6 +24,17 @@
     }                                                                                         \
   } while (0)
 
+// A green context over all of `dev`'s SMs, with its own default stream.
+inline CUgreenCtx make_green_context(CUdevice dev) {
+  CUdevResource sms{};
+  CHECK_CU(cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM));
+  CUdevResourceDesc desc{};
+  CHECK_CU(cuDevResourceGenerateDesc(&desc, &sms, 1));
+  CUgreenCtx green = nullptr;
+  CHECK_CU(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+  return green;
+}
+
 // Spins on the device for about `ns` nanoseconds so that later work is still queued.
 __device__ inline void spin_ns(unsigned long long ns) {
   unsigned long long start;

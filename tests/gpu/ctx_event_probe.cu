@@ -79,12 +79,7 @@ int main() {
   {
     CUdevice dev = 0;
     CHECK_CU(cuCtxGetDevice(&dev));
-    CUdevResource sms{};
-    CHECK_CU(cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM));
-    CUdevResourceDesc desc{};
-    CHECK_CU(cuDevResourceGenerateDesc(&desc, &sms, 1));
-    CUgreenCtx green = nullptr;
-    CHECK_CU(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUgreenCtx green = make_green_context(dev);
     CUstream green_stream = nullptr;
     CHECK_CU(cuGreenCtxStreamCreate(&green_stream, green, CU_STREAM_NON_BLOCKING, 0));
     probe("green", ctx, reinterpret_cast<cudaStream_t>(green_stream), false, false);

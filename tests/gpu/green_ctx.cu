@@ -85,12 +85,7 @@ int main() {
   CHECK_CU(cuCtxGetCurrent(&primary));
   CUdevice dev = 0;
   CHECK_CU(cuCtxGetDevice(&dev));
-  CUdevResource sms{};
-  CHECK_CU(cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM));
-  CUdevResourceDesc desc{};
-  CHECK_CU(cuDevResourceGenerateDesc(&desc, &sms, 1));
-  CUgreenCtx green = nullptr;
-  CHECK_CU(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+  CUgreenCtx green = make_green_context(dev);
   CUcontext gctx = nullptr;
   CHECK_CU(cuCtxFromGreenCtx(&gctx, green));
 

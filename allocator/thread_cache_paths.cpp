@@ -144,6 +144,7 @@ Block* Impl::find_live_locked(DevicePtr ptr) {
 // them, so that a peak is never taken over totals that miss another thread's frees.
 void Impl::merge_deltas() {
   for (auto& cache : caches) {
+    if (!cache->changed()) continue;
     std::lock_guard lock(cache->lock);
     cache->fold_into(stats);
   }
@@ -245,8 +246,7 @@ CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_
   b->state = BlockState::kAllocated;
   b->requested = bytes;
   b->has_buffer_id = false;
-  cache.delta().alloc(b, m.sizes.is_oversize(b->size));
-  ++cache.hits;
+  cache.hit_delta().alloc(b, m.sizes.is_oversize(b->size));
 }
 
 // A free reusable at once on its stream: into the bin of `key` (its request, rounded). False

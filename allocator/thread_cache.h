@@ -248,11 +248,11 @@ class ThreadCache {
   }
   HotStats delta_;
   std::int64_t hits_ = 0;
-  // A line of its own: other threads read it on every locked operation, its owner writes it once
-  // per fold.
-  alignas(64) std::atomic<bool> changed_{false};
   std::size_t bridged_ = 0;  // see may_bridge
   std::size_t bridged_bytes_ = 0;
+  // Last, and aligned, so on a line of its own: other threads read it on every locked
+  // operation, its owner writes it once per fold.
+  alignas(64) std::atomic<bool> changed_{false};
 };
 
 }  // namespace cudalloc

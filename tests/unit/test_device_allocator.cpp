@@ -1378,6 +1378,47 @@ TEST_CASE("the hot paths' fallbacks keep the cache and the statistics exact") {
   f.alloc.set_observer(nullptr);
 }
 
+TEST_CASE("another thread's statistics show a hot-path free as soon as it returned") {
+  // The fold skips a thread cache whose statistics did not change since its last fold: each
+  // round's hit and free must still be folded into the next read, the thread still running.
+  Fixture f;
+  constexpr int kRounds = 2000;
+  std::atomic<int> done{0};  // rounds the worker finished
+  std::atomic<int> seen{0};  // rounds the main thread checked
+  std::atomic<bool> failed{false};
+  std::thread worker([&] {
+    DevicePtr first = f.get_in_thread(3000);
+    f.alloc.free(first, FreeOrder::kCompleted);
+    for (int round = 1; round <= kRounds && !failed; ++round) {
+      DevicePtr p = f.get_in_thread(3000);
+      if (f.alloc.free(p, FreeOrder::kCompleted) != Status::kOk) failed = true;
+      done.store(round, std::memory_order_release);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (seen.load(std::memory_order_acquire) < round && !failed) {
+        if (std::chrono::steady_clock::now() > deadline) failed = true;
+        std::this_thread::yield();
+      }
+    }
+  });
+  int wrong_current = 0, wrong_hits = 0;
+  for (int round = 1; round <= kRounds && !failed; ++round) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (done.load(std::memory_order_acquire) < round && !failed) {
+      if (std::chrono::steady_clock::now() > deadline) failed = true;
+      std::this_thread::yield();
+    }
+    const auto m = f.alloc.stats().to_map();
+    wrong_current += m.at("allocated_bytes.all.current") != 0;
+    wrong_hits += m.at("num_cache_hits") != round;
+    seen.store(round, std::memory_order_release);
+  }
+  worker.join();
+  CHECK_FALSE(failed);
+  CHECK(f.failed_gets == 0);
+  CHECK(wrong_current == 0);
+  CHECK(wrong_hits == 0);
+}
+
 TEST_CASE("a block cached by one thread is freed by another") {
   Fixture f;
   DevicePtr a = f.get(8192);

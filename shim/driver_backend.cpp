@@ -459,8 +459,8 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
 // non-blocking stream and the legacy record. On an H200 (driver 580.159.04, bench/fence_calls)
 // it took 239 ns from one thread against 244 ns per stream query and 381 ns for the legacy
 // record, and 4.5 us against 44 us for the legacy record from 8 threads at once; and it waited
-// for legacy, per-thread, blocking, non-blocking and destroyed streams' work
-// (tests/gpu/ctx_event_probe). Null, with nothing recorded, where the driver lacks or refuses it:
+// for the work of legacy, per-thread, blocking, non-blocking, destroyed and green contexts'
+// streams, graphs and host functions queued before it (tests/gpu/ctx_event_probe). Null, with nothing recorded, where the driver lacks or refuses it:
 // the per-stream fence is used from then on.
 CUevent DriverBackend::record_context_event() {
   if (!context_events_.load(std::memory_order_relaxed) || driver().cuCtxRecordEvent == nullptr) return nullptr;

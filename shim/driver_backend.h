@@ -5,7 +5,7 @@
 // it. Otherwise: an event on the legacy stream covers blocking streams and per-thread default
 // streams, but not non-blocking ones, so the fence also records on each known non-blocking
 // stream, and waits for the last work of non-blocking streams destroyed while it was still
-// queued. Green contexts' legacy streams get events of their own either way.
+// queued. Green contexts' streams (legacy and non-blocking) get events of their own either way.
 // While a capture is on, fences are deferred: they record (as a device fence, later than
 // needed, which is safe) once no capture is on any more.
 //

@@ -658,6 +658,11 @@ void wait_all(const std::vector<Dep>& v) {
     for (const Dep& d : v) wait_reached(d.s, d.seq);
 }
 
+// Whether every stream of `v` has already run what it names.
+bool all_reached(const std::vector<Dep>& v) {
+    return std::all_of(v.begin(), v.end(), [](const Dep& d) { return d.s->completed.load() >= d.seq; });
+}
+
 // --- capture rules ------------------------------------------------------------------------
 // "Unsafe" calls (cuMemAlloc, cuMemFree, ...) are prohibited while a global-mode capture is
 // active anywhere, or a thread-local one begun by this thread, unless this thread is relaxed.
@@ -1875,7 +1880,7 @@ static bool idle_for_record_locked(const Stream& s) {
     if (s.completed.load() < s.submitted) return false;
     std::vector<Dep> deps;
     legacy_rule_deps_locked(s, deps);
-    return std::all_of(deps.begin(), deps.end(), [](const Dep& d) { return d.s->completed.load() >= d.seq; });
+    return all_reached(deps);
 }
 
 static CUresult event_record(CUevent h, CUstream hs, bool ptds) {
@@ -1954,8 +1959,7 @@ FK_API CUresult CUDAAPI cuCtxRecordEvent(CUcontext hctx, CUevent h) {
     }
     auto rec = std::make_shared<Record>();
     rec->s = ctx->marker;
-    if (std::all_of(deps.begin(), deps.end(), [](const Dep& d) { return d.s->completed.load() >= d.seq; }) &&
-        ctx->marker->completed.load() >= ctx->marker->submitted) {
+    if (all_reached(deps) && ctx->marker->completed.load() >= ctx->marker->submitted) {
         rec->seq = ctx->marker->submitted;  // nothing to wait for: done now, as event_record's idle case
         rec->t_ms.store(now_ms());
     } else {

@@ -505,12 +505,11 @@ TEST_CASE("a device fence asks idle non-blocking streams instead of recording ev
   Client& c = client::client();
   CUstream a = make_stream(c, CU_STREAM_NON_BLOCKING);
   CUstream b = make_stream(c, CU_STREAM_NON_BLOCKING);
-  auto pairs = [&](int count) { fenced_pairs(c, count); };
   // Refused once, the context's event is not asked for again.
-  pairs(2048);
+  fenced_pairs(c, 2048);
   // Both idle: each fence records the legacy stream's event and queries a and b.
   c.reset_stats();
-  pairs(2048);
+  fenced_pairs(c, 2048);
   CHECK(c.call_count("cuCtxRecordEvent") == 0);
   const std::uint64_t fences = c.call_count("cuEventRecord");
   REQUIRE(fences > 0);
@@ -519,7 +518,7 @@ TEST_CASE("a device fence asks idle non-blocking streams instead of recording ev
   // first fence and then once per 9 (the 8 after a busy answer record without asking).
   REQUIRE(c.launch_sleep(a, 1000000) == CUDA_SUCCESS);
   c.reset_stats();
-  pairs(1024);
+  fenced_pairs(c, 1024);
   const std::uint64_t records = c.call_count("cuEventRecord");
   REQUIRE(records > 0);
   CHECK(records % 2 == 0);

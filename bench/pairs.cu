@@ -2,6 +2,7 @@
 //   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T [--no-streams]] [--mix LIVE]
 //   pairs --async --vs-pool [--iters N] [--size BYTES] [--rounds R]
 //   pairs [--async] --threads-ab A,B [--iters N] [--rounds R] [--no-streams]
+//   pairs [--async] --threads-seq N [--iters N] [--rounds R] [--no-streams]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -19,6 +20,9 @@
 // are the pool, which checks that the two calls cost the same.
 // --threads-ab A,B runs the --threads loop with A threads, then B, alternating for R rounds in one
 // process, and gives each count's median and their ratio.
+// --threads-seq N runs N threads, each pinned to a vCPU of its own (one per physical core where
+// the topology says which vCPUs share one), one at a time and then all at once, alternating for R
+// rounds, and gives both rates and their ratio: thread scaling on the same vCPUs.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,8 +36,11 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <string>
 #include <vector>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -175,14 +182,62 @@ static void mix(size_t max_live, bool async, int ops) {
 // the last one against the run's median thread (a rate over the whole run counts until the last).
 static double g_first_done = 0, g_last_done = 0;
 
-static double threads(int n, size_t size, bool async, int iters, bool streams) {
-  std::atomic<int> ready{0}, done{0};
+// `n` vCPUs for --threads-seq, one per physical core while the topology names enough cores
+// (thread_siblings_list): two threads on one core's hyperthreads would measure the core, not
+// the allocator.
+static std::vector<int> pick_cpus(int n) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  std::vector<int> picked, siblings_taken, rest;
+  for (int c = 0; c < CPU_SETSIZE && static_cast<int>(picked.size()) < n; ++c) {
+    if (!CPU_ISSET(c, &allowed)) continue;
+    if (std::find(siblings_taken.begin(), siblings_taken.end(), c) != siblings_taken.end()) {
+      rest.push_back(c);
+      continue;
+    }
+    picked.push_back(c);
+    char path[128];
+    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+    if (FILE* f = std::fopen(path, "r")) {
+      // "3,19" or "2-3": every listed vCPU shares this one's core.
+      int a = 0, b = 0;
+      char sep = 0;
+      while (std::fscanf(f, "%d%c", &a, &sep) >= 1) {
+        b = a;
+        if (sep == '-' && std::fscanf(f, "%d%c", &b, &sep) < 1) break;
+        for (int x = a; x <= b; ++x) siblings_taken.push_back(x);
+        if (sep != ',') break;
+      }
+      std::fclose(f);
+    }
+  }
+  for (int c : rest) {
+    if (static_cast<int>(picked.size()) == n) break;
+    picked.push_back(c);
+  }
+  return static_cast<int>(picked.size()) == n ? picked : std::vector<int>{};
+}
+
+// `n` threads of `iters` pairs each. With `cpus`, thread t runs on cpus[t] only. With
+// `one_at_a_time`, each runs its pairs alone, in turn, while the others sleep, and the rate is
+// over the sum of their own times: the same work on the same vCPUs as all at once, with nothing
+// shared in time.
+static double threads(int n, size_t size, bool async, int iters, bool streams, const std::vector<int>* cpus = nullptr,
+                      bool one_at_a_time = false) {
+  std::atomic<int> ready{0}, done{0}, turn{0};
   std::atomic<bool> go{false}, finished{false};
   std::vector<std::thread> ts;
   std::vector<double> took(static_cast<size_t>(n));
   Clock::time_point t0;
   for (int t = 0; t < n; ++t) {
     ts.emplace_back([&, t] {
+      if (cpus != nullptr) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET((*cpus)[static_cast<size_t>(t)], &one);
+        pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+      }
       cudaStream_t s = nullptr;
       if (streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       // Past the first fenced batch of a thread cache (256 blocks), so the timed part is the
@@ -190,26 +245,37 @@ static double threads(int n, size_t size, bool async, int iters, bool streams) {
       for (int i = 0; i < 2000; ++i) release(alloc(size, async, s), async, s);
       ready++;
       while (!go) std::this_thread::yield();
-      for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
-      took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (one_at_a_time) {
+        // Asleep, not spinning: a waiting thread must not take time from the one running.
+        while (turn != t) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        const auto mine = Clock::now();
+        for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+        took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - mine).count();
+        turn++;
+      } else {
+        for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+        took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
       done++;
       // Destroyed once every thread is done, so that no destroy lands inside another's timing.
-      while (!finished) std::this_thread::yield();
+      while (!finished) std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (s) cudaStreamDestroy(s);
     });
   }
   while (ready < n) std::this_thread::yield();
   t0 = Clock::now();
   go = true;
-  while (done < n) std::this_thread::yield();
+  while (done < n) std::this_thread::sleep_for(std::chrono::microseconds(20));
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   finished = true;
   for (auto& t : ts) t.join();
+  double sum = 0;
+  for (double x : took) sum += x;
   std::sort(took.begin(), took.end());
   const double mid = took[took.size() / 2];
   g_first_done = took.front() / mid;
   g_last_done = took.back() / mid;
-  return n * iters / s;
+  return n * iters / (one_at_a_time ? sum : s);
 }
 
 static double median(std::vector<double> v) {
@@ -232,6 +298,35 @@ static void threads_ab(int a, int b, size_t size, bool async, int iters, bool st
   }
   std::printf("threads_ab a=%d b=%d size=%zu async=%d a_pairs_per_s=%.0f b_pairs_per_s=%.0f ratio=%.2f\n", a, b, size,
               async, median(ra), median(rb), median(rb) / median(ra));
+}
+
+// The same `n` threads, each pinned to its own vCPU (pick_cpus), run one at a time and then all
+// at once, alternating for `rounds` rounds (the order flips each round): what running together
+// gives, on the vCPUs that run it. (1 thread against 8, as --threads-ab times it, compares the
+// one vCPU the lone thread drew with eight others: the GPU machine's vCPUs run the same loop at
+// speeds up to 2x apart.)
+static int threads_seq(int n, size_t size, bool async, int iters, bool streams, int rounds) {
+  const std::vector<int> cpus = pick_cpus(n);
+  if (cpus.empty()) {
+    std::fprintf(stderr, "--threads-seq %d: fewer vCPUs allowed than threads\n", n);
+    return 2;
+  }
+  std::string list;
+  for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+  std::vector<double> alone, together;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool one = (r % 2 == 0) == (k == 0);
+      const double rate = threads(n, size, async, iters, streams, &cpus, one);
+      (one ? alone : together).push_back(rate);
+      std::printf("threads_seq_round round=%d threads=%d one_at_a_time=%d size=%zu async=%d pairs_per_s=%.0f\n", r, n,
+                  one ? 1 : 0, size, async, rate);
+    }
+  }
+  std::printf("threads_seq threads=%d size=%zu async=%d cpus=%s alone_pairs_per_s=%.0f together_pairs_per_s=%.0f "
+              "ratio=%.2f\n",
+              n, size, async, list.c_str(), median(alone), median(together), median(together) / median(alone));
+  return 0;
 }
 
 // The driver's own cuMemFreeAsync, past any preloaded library: glibc's dlsym (found with dlvsym,
@@ -309,6 +404,7 @@ int main(int argc, char** argv) {
   bool streams = true;  // --threads: each thread makes a non-blocking stream
   bool against_pool = false;
   int ab_a = 0, ab_b = 0, rounds = 10;
+  int seq_n = 0;  // --threads-seq N
   int only = 0;  // --vs-pool --only ours|pool: 1 or 2
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
@@ -323,6 +419,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--vs-pool")) against_pool = true;
     else if (!std::strcmp(argv[i], "--only")) only = std::strcmp(argv[++i], "pool") == 0 ? 2 : 1;
     else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--threads-seq")) seq_n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--threads-ab")) {
       if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
         std::fprintf(stderr, "--threads-ab wants two thread counts, as 1,8\n");
@@ -377,7 +474,7 @@ int main(int argc, char** argv) {
 #endif
     return sum == 42 ? 1 : 0;  // keeps the loops
   }
-  if (async && !streams && (nthreads > 0 || ab_a > 0)) {
+  if (async && !streams && (nthreads > 0 || ab_a > 0 || seq_n > 0)) {
     std::fprintf(stderr, "--no-streams is for cudaMalloc pairs\n");
     return 2;
   }
@@ -386,7 +483,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const size_t thread_size = only_size != 0 ? only_size : 64 * 1024;
-  if (ab_a > 0) {
+  if (seq_n > 0) {
+    return threads_seq(seq_n, thread_size, async, iters, streams, rounds);
+  } else if (ab_a > 0) {
     threads_ab(ab_a, ab_b, thread_size, async, iters, streams, rounds);
   } else if (nthreads > 0) {
     std::printf("threads=%d size=%zu async=%d pairs_per_s=%.0f\n", nthreads, thread_size, async,

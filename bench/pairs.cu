@@ -2,7 +2,7 @@
 //   pairs [--async] [--driver] [--iters N] [--size BYTES] [--repeat N] [--threads T [--no-streams]] [--mix LIVE]
 //   pairs --async --vs-pool [--iters N] [--size BYTES] [--rounds R]
 //   pairs [--async] --threads-ab A,B [--iters N] [--rounds R] [--no-streams]
-//   pairs [--async] --threads-seq N [--iters N] [--rounds R] [--no-streams]
+//   pairs [--async] --threads-seq N [--iters N] [--rounds R] [--no-streams] [--private]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -22,7 +22,8 @@
 // process, and gives each count's median and their ratio.
 // --threads-seq N runs N threads, each pinned to a vCPU of its own (one per physical core where
 // the topology says which vCPUs share one), one at a time and then all at once, alternating for R
-// rounds, and gives both rates and their ratio: thread scaling on the same vCPUs.
+// rounds, and gives both rates and their ratio: thread scaling on the same vCPUs. With --private
+// the threads run work that shares nothing instead (private_work): the host's own ceiling.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -178,6 +179,40 @@ static void mix(size_t max_live, bool async, int ops) {
   for (void* p : live) release(p, async, s);
 }
 
+// --private: instead of pairs, work that shares nothing, as core_pairs' private_loop: per
+// iteration two lock/unlock pairs on a thread-private lock and two updates at random in a
+// 256 KiB thread-private table. Run the --threads-seq way, its ratio is what the host's vCPUs
+// give 8 pinned threads at all, the ceiling for an allocator's.
+static bool g_private = false;
+
+static void private_work(int iters) {
+  constexpr size_t kSlots = 32768;
+  thread_local std::vector<uint64_t> table(kSlots);
+  thread_local uint64_t x = 88172645463325252ull;
+  std::atomic<bool> lock{false};
+  auto locked = [&](auto&& f) {
+    while (lock.exchange(true, std::memory_order_acquire)) {
+    }
+    f();
+    lock.store(false, std::memory_order_release);
+  };
+  for (int i = 0; i < iters; ++i) {
+    locked([&] {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      table[x & (kSlots - 1)] += x;
+    });
+    locked([&] { table[(x >> 17) & (kSlots - 1)] -= 1; });
+  }
+  static std::atomic<uint64_t> sink;
+  sink.fetch_add(table[x & (kSlots - 1)], std::memory_order_relaxed);  // keeps the loop
+}
+
+// `iters` pairs (or, with --private, iterations of private_work).
+static void loop(int iters, size_t size, bool async, cudaStream_t s) {
+  if (g_private) return private_work(iters);
+  for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+}
+
 // The spread of the threads' own times, for the last threads() run: the first thread done and
 // the last one against the run's median thread (a rate over the whole run counts until the last).
 static double g_first_done = 0, g_last_done = 0;
@@ -239,21 +274,21 @@ static double threads(int n, size_t size, bool async, int iters, bool streams, c
         pthread_setaffinity_np(pthread_self(), sizeof one, &one);
       }
       cudaStream_t s = nullptr;
-      if (streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (streams && !g_private) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       // Past the first fenced batch of a thread cache (256 blocks), so the timed part is the
       // steady state, not the first segments being cut.
-      for (int i = 0; i < 2000; ++i) release(alloc(size, async, s), async, s);
+      loop(2000, size, async, s);
       ready++;
       while (!go) std::this_thread::yield();
       if (one_at_a_time) {
         // Asleep, not spinning: a waiting thread must not take time from the one running.
         while (turn != t) std::this_thread::sleep_for(std::chrono::microseconds(50));
         const auto mine = Clock::now();
-        for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+        loop(iters, size, async, s);
         took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - mine).count();
         turn++;
       } else {
-        for (int i = 0; i < iters; ++i) release(alloc(size, async, s), async, s);
+        loop(iters, size, async, s);
         took[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
       }
       done++;
@@ -323,9 +358,10 @@ static int threads_seq(int n, size_t size, bool async, int iters, bool streams, 
                   one ? 1 : 0, size, async, rate);
     }
   }
-  std::printf("threads_seq threads=%d size=%zu async=%d cpus=%s alone_pairs_per_s=%.0f together_pairs_per_s=%.0f "
+  std::printf("threads_seq threads=%d size=%zu async=%d%s cpus=%s alone_pairs_per_s=%.0f together_pairs_per_s=%.0f "
               "ratio=%.2f\n",
-              n, size, async, list.c_str(), median(alone), median(together), median(together) / median(alone));
+              n, size, async, g_private ? " private=1" : "", list.c_str(), median(alone), median(together),
+              median(together) / median(alone));
   return 0;
 }
 
@@ -420,6 +456,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only")) only = std::strcmp(argv[++i], "pool") == 0 ? 2 : 1;
     else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--threads-seq")) seq_n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--private")) g_private = true;
     else if (!std::strcmp(argv[i], "--threads-ab")) {
       if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
         std::fprintf(stderr, "--threads-ab wants two thread counts, as 1,8\n");
@@ -483,6 +520,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const size_t thread_size = only_size != 0 ? only_size : 64 * 1024;
+  if (g_private && seq_n == 0) {
+    std::fprintf(stderr, "--private is for --threads-seq\n");
+    return 2;
+  }
   if (seq_n > 0) {
     return threads_seq(seq_n, thread_size, async, iters, streams, rounds);
   } else if (ab_a > 0) {

@@ -290,9 +290,7 @@ void DeviceAllocator::forget_all() {
   for (auto& cache : m.caches) {
     std::lock_guard cache_lock(cache->lock);
     cache->drain_bins([](Block*) {});
-    cache->deferred().clear();
-    cache->deferred_bytes() = 0;
-    cache->batches().clear();
+    cache->forget_pending();
     cache->spill().clear();
     cache->reset_delta();
     cache->reset_bridges();

@@ -179,6 +179,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool bridge = false);
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
   Status bin_full(Block* b);
+  Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, bool async, bool local);
   Status close_batch(ThreadCache& cache);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
   ThreadCache* find_local_cache();

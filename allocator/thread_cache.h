@@ -11,10 +11,11 @@
 // another thread.
 //
 // Large-pool blocks have bins of their own, few and shallow, bounded in bytes: a thread that
-// allocates and frees the same large size in stream order (a workspace, a staging buffer)
-// then touches no shared lock either, while parked large memory stays small next to what it
-// would keep from coalescing. Only blocks reusable at once enter them; cudaFree'd large blocks
-// wait on the allocator's fences.
+// allocates and frees the same large size (a workspace, a staging buffer) then touches no
+// shared lock either, while parked large memory stays small next to what it would keep from
+// coalescing. A cudaFree'd large block waits on the allocator's fences, unless another thread
+// holds the device lock: a whole segment the thread took itself then waits in its batches as
+// small ones do, up to kLargeHeldBytes a thread (Impl::free_large_deferred).
 #pragma once
 
 #include <array>
@@ -53,6 +54,15 @@ class ThreadCache {
   static constexpr std::size_t kLargeDepth = 2;
   // At most this much large memory parked per thread; a 256 MiB buffer still fits.
   static constexpr std::size_t kLargeBytes = 256 * kMiB;
+  // A thread holds at most this much of cudaFree'd large blocks deferred or in batches: a loop
+  // needs a few batches in flight, since the one just closed is seldom past its fence by the
+  // next allocation. (They close a batch at free_epoch_mb, as the allocator's epoch does.)
+  static constexpr std::size_t kLargeHeldBytes = kLargeBytes;
+  // Once a cudaFree'd large block found the device lock taken, this many more skip it, so that a
+  // thread under contention keeps a pipeline of them (its large misses refill from it) rather
+  // than send every other one through the lock (2 threads on the development machine: 22-25%
+  // of the pairs deferred, and no faster).
+  static constexpr std::uint32_t kLargeDeferRun = 32;
 
   struct Batch {
     std::uint64_t ticket;  // see fence_clock.h
@@ -110,8 +120,12 @@ class ThreadCache {
     return moved;
   }
 
-  // Whether the (small) bin of (stream, size) holds that key and has no room.
+  // Whether the bin of (stream, size) holds that key and has no room.
   bool full(StreamHandle stream, std::size_t size) const {
+    if (size > kSmallSize) {
+      const auto& bin = large_bins_[large_index(stream, size)];
+      return bin.count == kLargeDepth && bin.stream == stream && bin.size == size;
+    }
     const auto& bin = bins_[index(stream, size)];
     return bin.count == kDepth && bin.stream == stream && bin.size == size;
   }
@@ -139,14 +153,53 @@ class ThreadCache {
     deferred_.push_back(b);
     return true;
   }
-  std::size_t& deferred_bytes() { return deferred_bytes_; }
-  bool batch_due() const { return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes; }
+  // A cudaFree'd block entered deferred(): counted toward closing a batch (and, large, toward
+  // kLargeHeldBytes until it leaves the batches: left_batches()).
+  void note_deferred(const Block* b) {
+    if (b->pool == PoolKind::kLarge) {
+      deferred_large_bytes_ += b->size;
+      held_large_bytes_ += b->size;
+    } else {
+      deferred_bytes_ += b->size;
+    }
+  }
+  // Whether a cudaFree'd large block of `size` may wait here.
+  bool may_defer_large(std::size_t size) const { return held_large_bytes_ + size <= kLargeHeldBytes; }
+  bool holds_large_pending() const { return held_large_bytes_ != 0; }
+  // The run of large frees that skip the device lock (kLargeDeferRun). Owner thread only.
+  bool in_large_defer_run() const { return large_defer_run_ != 0; }
+  void start_large_defer_run() { large_defer_run_ = kLargeDeferRun; }
+  void step_large_defer_run() {
+    if (large_defer_run_ != 0) --large_defer_run_;
+  }
+  // A block leaves deferred() or a batch other than by forget_pending().
+  void left_batches(const Block* b) {
+    if (b->pool == PoolKind::kLarge) held_large_bytes_ -= b->size;
+  }
+  // After every block of deferred() left it (left_batches).
+  void clear_deferred() {
+    deferred_.clear();
+    deferred_bytes_ = 0;
+    deferred_large_bytes_ = 0;
+  }
+  // The deferred frees and batches dropped with their context.
+  void forget_pending() {
+    clear_deferred();
+    batches_.clear();
+    held_large_bytes_ = 0;
+  }
+  // `large_bytes`: the deferred large blocks' bound (free_epoch_mb).
+  bool batch_due(std::size_t large_bytes) const {
+    return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes ||
+           (deferred_large_bytes_ != 0 && deferred_large_bytes_ >= large_bytes);
+  }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {
     batches_.push_back(Batch{ticket, std::move(deferred_)});
     deferred_ = {};
     deferred_.reserve(kBatchBlocks);  // the hot path defers only in place (defer_in_place)
     deferred_bytes_ = 0;
+    deferred_large_bytes_ = 0;
   }
   std::deque<Batch>& batches() { return batches_; }
   // Blocks that became reusable but found no room in the bins: the allocator takes them.
@@ -238,7 +291,10 @@ class ThreadCache {
   std::array<Bin<kLargeDepth>, kLargeBins> large_bins_;
   std::size_t large_bytes_ = 0;
   std::vector<Block*> deferred_;
-  std::size_t deferred_bytes_ = 0;
+  std::size_t deferred_bytes_ = 0;        // small blocks'
+  std::size_t deferred_large_bytes_ = 0;  // large blocks'
+  std::size_t held_large_bytes_ = 0;      // large blocks' in deferred_ and batches_
+  std::uint32_t large_defer_run_ = 0;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
   // Under the lock; the load first keeps a hot path that changes the delta every operation from

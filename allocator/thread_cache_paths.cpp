@@ -156,9 +156,11 @@ void Impl::merge_deltas() {
 void Impl::drain(ThreadCache& cache, bool bins) {
   std::lock_guard lock(cache.lock);
   cache.fold_into(stats);
-  for (Block* b : cache.deferred()) fences.defer_to_epoch(b);
-  cache.deferred().clear();
-  cache.deferred_bytes() = 0;
+  for (Block* b : cache.deferred()) {
+    cache.left_batches(b);
+    fences.defer_to_epoch(b);
+  }
+  cache.clear_deferred();
   for (Block* b : cache.spill()) blocks.make_reusable(b);
   cache.spill().clear();
   // A batch handed over is reusable at once if its fence has passed; otherwise it joins the
@@ -170,6 +172,7 @@ void Impl::drain(ThreadCache& cache, bool bins) {
     // known past its fence joins the epoch, which loses nothing.
     const bool passed = batches.front().passed || batch_fences.passed_now(batches.front().ticket);
     for (Block* b : batches.front().blocks) {
+      cache.left_batches(b);
       if (passed) {
         release_block(b);
       } else {
@@ -211,6 +214,7 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   cache.delta().inactive_small(static_cast<std::int64_t>(moved), static_cast<std::int64_t>(bytes));
   for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
     Block* b = blocks[moved];
+    cache.left_batches(b);
     cache.delta().inactive(b);
     if (!cache.push(b, sizes.round(b->requested))) {
       b->state = BlockState::kPending;
@@ -259,13 +263,13 @@ CUDALLOC_INLINE bool park_reusable(Impl& m, ThreadCache& cache, Block* b, std::s
   return false;
 }
 
-// A cudaFree'd small block, already in the cache's deferred frees, waits there for the device
-// fence of its batch. Under the cache's lock.
+// A cudaFree'd block (small, or a large whole segment), already in the cache's deferred frees,
+// waits there for the device fence of its batch. Under the cache's lock.
 CUDALLOC_INLINE void count_deferred(Impl& m, ThreadCache& cache, Block* b) {
   cache.delta().free(b, m.sizes.is_oversize(b->size));
   b->state = BlockState::kPending;
   b->stream_uses.clear();
-  cache.deferred_bytes() += b->size;
+  cache.note_deferred(b);
 }
 
 }  // namespace
@@ -282,7 +286,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
-    // Fenced batches hold small blocks only. Rather than wait while another thread records the
+    // A small miss: rather than wait while another thread records the
     // fence of its next batch, the thread takes one block from the pools and keeps its cache (a
     // bridge): its pipeline grows by that block, so its batches are needed later, when their
     // fences have had time. Under 8 threads, fences are recorded back to back by one thread at
@@ -295,6 +299,11 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
         bridge = true;
         cache.note_bridge(rounded);
       }
+    } else if (b == nullptr && cache.holds_large_pending() && refill(cache, stream, rounded, false) == Refill::kDone) {
+      // cudaFree'd large blocks (free_large_deferred) come back the same way. A fence that
+      // another thread is recording is waited for (no bridge): what a large miss takes from the
+      // pools is mostly new memory.
+      b = cache.pop(stream, rounded);
     }
     if (b != nullptr) {
       count_hit(*this, cache, b, bytes);
@@ -397,9 +406,15 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   // for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  const bool cacheable = b->pool == PoolKind::kSmall
-                             ? reusable || order == FreeOrder::kDevice
-                             : reusable && parks_large(b, found_own || (own != nullptr && b->taker == own));
+  const bool taken_here = found_own || (own != nullptr && b->taker == own);
+  const bool cacheable = b->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
+                                                     : reusable && parks_large(b, taken_here);
+  // (taken_here implies `own`: the taker is a cache, and only its thread finds it.)
+  if (order == FreeOrder::kDevice && b->pool == PoolKind::kLarge && taken_here && options.thread_cache &&
+      !t_caches_gone) {
+    if (held.owns_lock()) held.unlock();
+    return free_large_deferred(b, *own, stream, async, found_own);
+  }
   if (options.thread_cache && cacheable && !t_caches_gone) {
     ThreadCache& cache = own != nullptr ? *own : local_cache();
     if (!held.owns_lock()) held = std::unique_lock<SpinLock>(cache.lock);
@@ -414,7 +429,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     }
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
-    const bool due = cache.batch_due();  // read under the lock: another thread may drain the cache
+    const bool due = cache.batch_due(options.free_epoch_bytes);  // under the lock: another thread may drain the cache
     held.unlock();
     return due ? close_batch(cache) : Status::kOk;
   }
@@ -422,6 +437,41 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   std::lock_guard lock(mutex);
   free(b, order, stream, async);
   return Status::kOk;
+}
+
+// A cudaFree'd large block taken by this thread (whose cache is `cache`), with no lock held. It
+// goes to the allocator's epoch under the device lock, unless another thread holds that lock:
+// then, if it is a whole segment, it and the next kLargeDeferRun such frees wait in this
+// thread's batches, as small ones do, within kLargeHeldBytes, and the thread's large misses
+// refill from them (allocate_missed). Only under contention, so that a program whose frees meet an idle
+// lock keeps the epoch's coalescing and early fencing (reach_epoch): the --as-cudamalloc
+// replays lost up to 8% of utilization (bert-infer) with every such block in the batches.
+// Contended, each pair took the lock twice: 8 threads of 16 MiB cudaMalloc pairs ran at a sixth
+// of one thread's rate.
+CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
+                                                   bool local) {
+  if (!cache.in_large_defer_run()) {
+    if (mutex.try_lock()) {
+      std::lock_guard lock(mutex, std::adopt_lock);
+      free(b, FreeOrder::kDevice, stream, async);
+      return Status::kOk;
+    }
+    cache.start_large_defer_run();
+  }
+  cache.step_large_defer_run();
+  std::unique_lock<SpinLock> held(cache.lock);
+  if (!parks_large(b, true) || !cache.may_defer_large(b->size)) {
+    held.unlock();
+    std::lock_guard lock(mutex);
+    free(b, FreeOrder::kDevice, stream, async);
+    return Status::kOk;
+  }
+  if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, local);
+  cache.deferred().push_back(b);
+  count_deferred(*this, cache, b);
+  const bool due = cache.batch_due(options.free_epoch_bytes);
+  held.unlock();
+  return due ? close_batch(cache) : Status::kOk;
 }
 
 // A block reusable at once whose bin had no room: the allocator takes it.
@@ -442,7 +492,7 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache) {
   {
     std::lock_guard lock(cache.lock);
     // Another thread's drain may have taken the deferred frees since they were counted.
-    if (cache.batch_due()) {
+    if (cache.batch_due(options.free_epoch_bytes)) {
       ticket = batch_fences.stamp();
       cache.close_batch(ticket);
     }
@@ -482,7 +532,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
       count_deferred(m, cache, b);
-      const bool due = cache.batch_due();
+      const bool due = cache.batch_due(m.options.free_epoch_bytes);
       cache.lock.unlock();
       return due ? m.close_batch(cache) : Status::kOk;
     }

@@ -1511,6 +1511,157 @@ TEST_CASE("a thread parks at most kLargeBytes of large blocks, and gives them up
   CHECK(f.stat("num_ooms") == 0);
 }
 
+// Holds the device lock from another thread: that thread's next locked allocation of
+// kHoldBytes blocks inside the observer's report of it (made under the lock) until release().
+struct DeviceLockHolder {
+  static constexpr std::size_t kHoldBytes = 3 * kMiB;
+  struct Gate final : AllocatorObserver {
+    std::atomic<bool> inside{false};
+    std::atomic<bool> open{false};
+    void on_event(const AllocatorEvent& e) noexcept override {
+      // A new thread's first allocation misses its (empty) cache: reported under the lock.
+      if (e.kind != EventKind::kAlloc || e.requested != kHoldBytes) return;
+      inside = true;
+      while (!open) std::this_thread::yield();
+    }
+  } gate;
+  Fixture& f;
+  std::thread holder;
+  DevicePtr held = 0;
+  explicit DeviceLockHolder(Fixture& fx) : f(fx) {
+    f.alloc.set_observer(&gate);
+    holder = std::thread([this] { held = f.get_in_thread(kHoldBytes); });
+    while (!gate.inside) std::this_thread::yield();
+  }
+  // Lets the holder go; its block (`held`) stays allocated.
+  void release() {
+    gate.open = true;
+    holder.join();
+    f.alloc.set_observer(nullptr);
+    REQUIRE(f.failed_gets == 0);
+  }
+};
+
+TEST_CASE("a cudaFree'd large block freed while another thread holds the device lock waits in its thread's batches") {
+  AllocatorOptions o;
+  o.free_epoch_bytes = 0;  // a batch per large block
+  Fixture f(o);
+  const DevicePtr a = f.get(kWhole, kStreamA);
+  const auto locked_frees = f.stat("num_locked_frees");
+  f.sim.enqueue(kStreamB);  // device work queued before the free: its fence is not passed yet
+  DeviceLockHolder lock(f);
+  const auto fences = f.sim.device_fences();
+  // Were the free to wait for the lock, the holder is let go after a while, and the test fails.
+  std::atomic<bool> freed{false}, timed_out{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 200 && !freed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!freed) {
+      timed_out = true;
+      lock.gate.open = true;
+    }
+  });
+  REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);
+  freed = true;
+  watchdog.join();
+  CHECK_FALSE(timed_out);                      // it did not wait for the lock
+  CHECK(f.sim.device_fences() == fences + 1);  // its batch's fence, at once
+  lock.release();
+  constexpr auto kHeld = static_cast<std::int64_t>(DeviceLockHolder::kHoldBytes);
+  CHECK(f.stat("num_locked_frees") == locked_frees);
+  CHECK(f.stat("allocated_bytes.all.current") == kHeld);
+  CHECK(f.stat("active_bytes.large_pool.current") == static_cast<std::int64_t>(kWhole) + kHeld);  // `a` pending
+  // Not served before its fence passes: a miss cuts new memory instead.
+  const DevicePtr c = f.get(kWhole, kStreamA);
+  CHECK(c != a);
+  f.sim.run(kStreamB);
+  const auto locked_allocs = f.stat("num_locked_allocs");
+  CHECK(f.get(kWhole, kStreamA) == a);  // from the batch, through the bins, without the lock
+  CHECK(f.stat("num_locked_allocs") == locked_allocs);
+  CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(2 * kWhole) + kHeld);
+  CHECK(f.stat("active_bytes.all.current") == static_cast<std::int64_t>(2 * kWhole) + kHeld);
+  // A block taken by another thread, or one that is not a whole segment, still takes the lock.
+  const DevicePtr split = f.get(2 * kMiB, kStreamA);  // from a 20 MiB segment
+  DeviceLockHolder again(f);
+  std::thread late([&] {
+    while (!again.gate.inside) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    again.gate.open = true;
+  });
+  REQUIRE(f.alloc.free(split, FreeOrder::kDevice) == Status::kOk);  // waited for the lock
+  late.join();
+  again.release();
+  CHECK(f.stat("num_locked_frees") == locked_frees + 1);
+  for (DevicePtr p : {a, c, lock.held, again.held}) REQUIRE(f.alloc.free(p, FreeOrder::kDevice) == Status::kOk);
+  f.alloc.release_cached();
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("active_bytes.all.current") == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+}
+
+TEST_CASE("a thread defers at most kLargeHeldBytes of cudaFree'd large blocks") {
+  ThreadCache cache;
+  Segment seg;
+  seg.pool = PoolKind::kLarge;
+  std::vector<Block> blocks(3);
+  for (Block& b : blocks) {
+    b.pool = PoolKind::kLarge;
+    b.segment = &seg;
+    b.size = ThreadCache::kLargeHeldBytes / 2;
+  }
+  CHECK_FALSE(cache.holds_large_pending());
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(cache.may_defer_large(blocks[i].size));
+    cache.deferred().push_back(&blocks[i]);
+    cache.note_deferred(&blocks[i]);
+  }
+  CHECK_FALSE(cache.may_defer_large(blocks[2].size));
+  CHECK(cache.holds_large_pending());
+  CHECK(cache.batch_due(64 * kMiB));  // large deferred bytes past free_epoch_mb close a batch
+  CHECK_FALSE(cache.batch_due(2 * ThreadCache::kLargeHeldBytes));
+  cache.close_batch(1);
+  CHECK_FALSE(cache.batch_due(0));  // closing starts the count over; a batch of none is not due
+  CHECK_FALSE(cache.may_defer_large(blocks[2].size));  // closed, still held
+  cache.left_batches(&blocks[0]);
+  CHECK(cache.may_defer_large(blocks[2].size));
+  cache.forget_pending();
+  CHECK_FALSE(cache.holds_large_pending());
+}
+
+TEST_CASE("threads of large cudaFree pairs, contending for the device lock, never share a byte") {
+  Fixture f;
+  constexpr int kThreads = 8;
+  std::atomic<int> corrupted{0};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        const std::size_t n = (12 + 2 * ((t + i) % 3)) * kMiB;  // whole segments of 12-16 MiB
+        DevicePtr p = 0;
+        if (f.alloc.allocate(n, kNoStream, &p) != Status::kOk) {
+          ++failed;
+          continue;
+        }
+        auto* words = reinterpret_cast<std::uint64_t*>(p);
+        const std::size_t last = n / sizeof(std::uint64_t) - 1;
+        const std::uint64_t mark = (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(i);
+        words[0] = words[last / 2] = words[last] = mark;
+        std::this_thread::yield();  // room for another thread to take the same block, if it could
+        if (words[0] != mark || words[last / 2] != mark || words[last] != mark) ++corrupted;
+        if (f.alloc.free(p, FreeOrder::kDevice) != Status::kOk) ++failed;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(corrupted == 0);
+  CHECK(failed == 0);
+  INFO("locked frees " << f.stat("num_locked_frees") << " of " << kThreads * 300);
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  f.alloc.release_cached();
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+  CHECK(f.stat("active_bytes.all.current") == 0);
+}
+
 TEST_CASE("a block a thread took from its cache is found and freed from other threads, before and after that thread exits") {
   Fixture f;
   // A cache hit on a thread: the block is recorded in that thread's own table. The thread only

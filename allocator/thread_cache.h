@@ -18,6 +18,7 @@
 // small ones do, up to kLargeHeldBytes a thread (Impl::free_large_deferred).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -58,10 +59,10 @@ class ThreadCache {
   // needs a few batches in flight, since the one just closed is seldom past its fence by the
   // next allocation. (They close a batch at free_epoch_mb, as the allocator's epoch does.)
   static constexpr std::size_t kLargeHeldBytes = kLargeBytes;
-  // Once a cudaFree'd large block found the device lock taken, this many more skip it, so that a
-  // thread under contention keeps a pipeline of them (its large misses refill from it) rather
-  // than send every other one through the lock (2 threads on the development machine: 22-25%
-  // of the pairs deferred, and no faster).
+  // Once a cudaFree'd large block finds the device lock taken, the thread's next this many such
+  // frees skip the lock too, so that under contention it keeps a pipeline of them (its large
+  // misses refill from it) rather than send every other one through the lock (2 threads on the
+  // development machine: 22-25% of the pairs deferred, and no faster).
   static constexpr std::uint32_t kLargeDeferRun = 32;
 
   struct Batch {
@@ -166,6 +167,7 @@ class ThreadCache {
   // Whether a cudaFree'd large block of `size` may wait here.
   bool may_defer_large(std::size_t size) const { return held_large_bytes_ + size <= kLargeHeldBytes; }
   bool holds_large_pending() const { return held_large_bytes_ != 0; }
+  bool holds_large_deferred() const { return deferred_large_bytes_ != 0; }
   // The run of large frees that skip the device lock (kLargeDeferRun). Owner thread only.
   bool in_large_defer_run() const { return large_defer_run_ != 0; }
   void start_large_defer_run() { large_defer_run_ = kLargeDeferRun; }
@@ -188,10 +190,12 @@ class ThreadCache {
     batches_.clear();
     held_large_bytes_ = 0;
   }
-  // `large_bytes`: the deferred large blocks' bound (free_epoch_mb).
+  // `large_bytes`: the deferred large blocks' bound (free_epoch_mb), at most a quarter of
+  // kLargeHeldBytes so that several batches fit under it: a bound past it would leave them
+  // unfenced, with no batch to refill from.
   bool batch_due(std::size_t large_bytes) const {
     return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes ||
-           (deferred_large_bytes_ != 0 && deferred_large_bytes_ >= large_bytes);
+           (deferred_large_bytes_ != 0 && deferred_large_bytes_ >= std::min(large_bytes, kLargeHeldBytes / 4));
   }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {

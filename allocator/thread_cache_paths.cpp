@@ -211,7 +211,7 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   std::size_t bytes = 0;
   std::size_t moved = cache.fill_bin(stream, rounded, blocks.data(), blocks.size(),
                                      [this](const Block* b) { return sizes.round(b->requested); }, &bytes);
-  cache.delta().inactive_small(static_cast<std::int64_t>(moved), static_cast<std::int64_t>(bytes));
+  if (moved != 0) cache.delta().inactive_small(static_cast<std::int64_t>(moved), static_cast<std::int64_t>(bytes));
   for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
     Block* b = blocks[moved];
     cache.left_batches(b);
@@ -450,7 +450,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // of one thread's rate.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
                                                    bool local) {
-  if (!cache.in_large_defer_run()) {
+  if (cache.in_large_defer_run()) {
+    cache.step_large_defer_run();
+  } else {
     if (mutex.try_lock()) {
       std::lock_guard lock(mutex, std::adopt_lock);
       free(b, FreeOrder::kDevice, stream, async);
@@ -458,10 +460,13 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     }
     cache.start_large_defer_run();
   }
-  cache.step_large_defer_run();
   std::unique_lock<SpinLock> held(cache.lock);
   if (!parks_large(b, true) || !cache.may_defer_large(b->size)) {
+    // Past the bound, what waits unfenced is fenced now: no later large free of this thread
+    // closes its batch while the bound holds.
+    const bool open_batch = cache.holds_large_deferred();
     held.unlock();
+    if (open_batch) (void)close_batch(cache, /*now=*/true);
     std::lock_guard lock(mutex);
     free(b, FreeOrder::kDevice, stream, async);
     return Status::kOk;
@@ -486,13 +491,13 @@ CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
 // fence shared by every batch closed so far (fence_clock.h), at once: a loop keeps about one
 // batch outstanding, needed when its bins next run dry, and a fence recorded only then is not
 // yet done. Too many outstanding batches go to the allocator instead.
-CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache) {
+CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, bool now) {
   std::uint64_t ticket = 0;
   bool hand_over = false;
   {
     std::lock_guard lock(cache.lock);
     // Another thread's drain may have taken the deferred frees since they were counted.
-    if (cache.batch_due(options.free_epoch_bytes)) {
+    if (now ? !cache.deferred().empty() : cache.batch_due(options.free_epoch_bytes)) {
       ticket = batch_fences.stamp();
       cache.close_batch(ticket);
     }

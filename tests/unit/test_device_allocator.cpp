@@ -1579,7 +1579,7 @@ TEST_CASE("a cudaFree'd large block freed while another thread holds the device 
   CHECK(f.stat("num_locked_allocs") == locked_allocs);
   CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(2 * kWhole) + kHeld);
   CHECK(f.stat("active_bytes.all.current") == static_cast<std::int64_t>(2 * kWhole) + kHeld);
-  // A block taken by another thread, or one that is not a whole segment, still takes the lock.
+  // A block that is not a whole segment still waits for the lock.
   const DevicePtr split = f.get(2 * kMiB, kStreamA);  // from a 20 MiB segment
   DeviceLockHolder again(f);
   std::thread late([&] {
@@ -1596,6 +1596,111 @@ TEST_CASE("a cudaFree'd large block freed while another thread holds the device 
   CHECK(f.stat("allocated_bytes.all.current") == 0);
   CHECK(f.stat("active_bytes.all.current") == 0);
   CHECK(f.stat("reserved_bytes.all.current") == 0);
+}
+
+// Opens a DeviceLockHolder's gate after `ms` unless cancelled first, and says whether it had to:
+// a call that should not wait for the device lock then fails its test instead of hanging it.
+struct OpenAfter {
+  DeviceLockHolder& lock;
+  std::atomic<bool> cancelled{false}, fired{false};
+  std::thread t;
+  OpenAfter(DeviceLockHolder& l, int ms) : lock(l) {
+    t = std::thread([this, ms] {
+      for (int i = 0; i < ms && !cancelled; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (!cancelled) {
+        fired = true;
+        lock.gate.open = true;
+      }
+    });
+  }
+  bool cancel() {
+    cancelled = true;
+    t.join();
+    return fired;
+  }
+};
+
+TEST_CASE("under lasting contention a thread's large cudaFree pairs run from its batches, their bytes counted back") {
+  AllocatorOptions o;
+  o.free_epoch_bytes = 0;
+  Fixture f(o);
+  std::vector<DevicePtr> pipeline;
+  for (int i = 0; i < 4; ++i) pipeline.push_back(f.get(kWhole, kStreamA));
+  const auto locked_frees = f.stat("num_locked_frees");
+  const auto locked_allocs = f.stat("num_locked_allocs");
+  DeviceLockHolder lock(f);
+  OpenAfter watchdog(lock, 3000);
+  for (DevicePtr p : pipeline) REQUIRE(f.alloc.free(p, FreeOrder::kDevice) == Status::kOk);
+  // 100 pairs, 1.2 GiB of frees against a bound of 256 MiB: each must come back off the
+  // thread's count as it leaves the batches, or a free would wait for the lock.
+  std::set<DevicePtr> seen;
+  for (int i = 0; i < 100 && !watchdog.fired; ++i) {
+    const DevicePtr p = f.get(kWhole, kStreamA);
+    seen.insert(p);
+    REQUIRE(f.alloc.free(p, FreeOrder::kDevice) == Status::kOk);
+  }
+  CHECK_FALSE(watchdog.cancel());
+  lock.release();
+  CHECK(f.stat("num_locked_frees") == locked_frees);
+  CHECK(f.stat("num_locked_allocs") == locked_allocs + 1);  // the holder's own
+  CHECK(seen == std::set<DevicePtr>(pipeline.begin(), pipeline.end()));
+  REQUIRE(f.alloc.free(lock.held, FreeOrder::kCompleted) == Status::kOk);
+  f.alloc.release_cached();
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+}
+
+TEST_CASE("a contended large cudaFree past kLargeHeldBytes takes the lock, and what waited unfenced is fenced first") {
+  Fixture f;  // free_epoch_mb 64: a 100 MiB free closes its batch, a 30 MiB one does not
+  const std::size_t kBig = 100 * kMiB, kSmaller = 30 * kMiB;
+  const DevicePtr a = f.get(kBig), b = f.get(kBig), c = f.get(kSmaller), d = f.get(kBig);
+  const auto locked_frees = f.stat("num_locked_frees");
+  DeviceLockHolder lock(f);
+  OpenAfter watchdog(lock, 3000);
+  const auto fences = f.sim.device_fences();
+  REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);  // a batch of its own
+  REQUIRE(f.alloc.free(b, FreeOrder::kDevice) == Status::kOk);  // another
+  REQUIRE(f.alloc.free(c, FreeOrder::kDevice) == Status::kOk);  // deferred, its batch open
+  CHECK_FALSE(watchdog.cancel());
+  CHECK(f.sim.device_fences() == fences + 2);
+  // 230 MiB held: `d` does not fit. It waits for the lock, after `c`'s batch is closed.
+  OpenAfter late(lock, 50);
+  REQUIRE(f.alloc.free(d, FreeOrder::kDevice) == Status::kOk);
+  CHECK(late.cancel());  // it did wait
+  lock.release();
+  CHECK(f.sim.device_fences() >= fences + 3);
+  CHECK(f.stat("num_locked_frees") == locked_frees + 1);
+  REQUIRE(f.alloc.free(lock.held, FreeOrder::kCompleted) == Status::kOk);
+  f.alloc.release_cached();
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  CHECK(f.stat("reserved_bytes.all.current") == 0);
+}
+
+TEST_CASE("memory pressure never hands out a contended large cudaFree'd block before its fence") {
+  AllocatorOptions o;
+  o.free_epoch_bytes = 0;
+  o.memory_limit_bytes = 40 * kMiB;  // `a` and the holder's 20 MiB segment leave no room for another `a`
+  Fixture f(o);
+  const DevicePtr a = f.get(kWhole, kStreamA);
+  f.sim.enqueue(kStreamB);  // work queued before the free
+  {
+    DeviceLockHolder lock(f);
+    OpenAfter watchdog(lock, 3000);
+    REQUIRE(f.alloc.free(a, FreeOrder::kDevice) == Status::kOk);
+    CHECK_FALSE(watchdog.cancel());
+    lock.release();
+    REQUIRE(f.alloc.free(lock.held, FreeOrder::kCompleted) == Status::kOk);
+  }
+  // The pressure drains every thread cache: `a`, its fence not passed, goes to the epoch. If it
+  // comes back, the work queued before its free must have run first.
+  DevicePtr p = 0;
+  const Status st = f.alloc.allocate(kWhole, kStreamA, &p);
+  if (st == Status::kOk && p == a) CHECK(f.sim.queued(kStreamB) == 0);
+  CHECK((st == Status::kOk || st == Status::kOutOfMemory));
+  if (st == Status::kOk) REQUIRE(f.alloc.free(p, FreeOrder::kCompleted) == Status::kOk);
+  f.sim.run_all();
+  f.alloc.release_cached();
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
 }
 
 TEST_CASE("a thread defers at most kLargeHeldBytes of cudaFree'd large blocks") {
@@ -1617,14 +1722,25 @@ TEST_CASE("a thread defers at most kLargeHeldBytes of cudaFree'd large blocks") 
   CHECK_FALSE(cache.may_defer_large(blocks[2].size));
   CHECK(cache.holds_large_pending());
   CHECK(cache.batch_due(64 * kMiB));  // large deferred bytes past free_epoch_mb close a batch
-  CHECK_FALSE(cache.batch_due(2 * ThreadCache::kLargeHeldBytes));
+  // A free_epoch_mb past a quarter of the bound counts as a quarter: else the bound would stop
+  // the thread's large frees before any batch of them closed.
+  CHECK(cache.batch_due(2 * ThreadCache::kLargeHeldBytes));
   cache.close_batch(1);
   CHECK_FALSE(cache.batch_due(0));  // closing starts the count over; a batch of none is not due
   CHECK_FALSE(cache.may_defer_large(blocks[2].size));  // closed, still held
   cache.left_batches(&blocks[0]);
   CHECK(cache.may_defer_large(blocks[2].size));
+  // Below a quarter of the bound, a large free waits for free_epoch_mb's worth.
+  Block small_large = blocks[2];
+  small_large.size = ThreadCache::kLargeHeldBytes / 8;
+  cache.deferred().push_back(&small_large);
+  cache.note_deferred(&small_large);
+  CHECK(cache.holds_large_deferred());
+  CHECK_FALSE(cache.batch_due(ThreadCache::kLargeHeldBytes));
+  CHECK(cache.batch_due(ThreadCache::kLargeHeldBytes / 8));
   cache.forget_pending();
   CHECK_FALSE(cache.holds_large_pending());
+  CHECK_FALSE(cache.holds_large_deferred());
 }
 
 TEST_CASE("threads of large cudaFree pairs, contending for the device lock, never share a byte") {

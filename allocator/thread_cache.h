@@ -57,7 +57,8 @@ class ThreadCache {
   static constexpr std::size_t kLargeBytes = 256 * kMiB;
   // A thread holds at most this much of cudaFree'd large blocks deferred or in batches: a loop
   // needs a few batches in flight, since the one just closed is seldom past its fence by the
-  // next allocation. (They close a batch at free_epoch_mb, as the allocator's epoch does.)
+  // next allocation. (They close a batch at free_epoch_mb, as the allocator's epoch does, or
+  // at a quarter of this: batch_due.)
   static constexpr std::size_t kLargeHeldBytes = kLargeBytes;
   // Once a cudaFree'd large block finds the device lock taken, the thread's next this many such
   // frees skip the lock too, so that under contention it keeps a pipeline of them (its large

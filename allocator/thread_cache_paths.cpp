@@ -286,12 +286,12 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
-    // A small miss: rather than wait while another thread records the
-    // fence of its next batch, the thread takes one block from the pools and keeps its cache (a
-    // bridge): its pipeline grows by that block, so its batches are needed later, when their
-    // fences have had time. Under 8 threads, fences are recorded back to back by one thread at
-    // a time, and each thread needs the batch it has just closed. (Draining the cache on such a
-    // miss, as a plain small miss does, restarted its pipeline from the pools.)
+    // A small miss: rather than wait while another thread records the fence of its next batch,
+    // the thread takes one block from the pools and keeps its cache (a bridge): its pipeline
+    // grows by that block, so its batches are needed later, when their fences have had time.
+    // Under 8 threads, fences are recorded back to back by one thread at a time, and each
+    // thread needs the batch it has just closed. (Draining the cache on such a miss, as a plain
+    // small miss does, restarted its pipeline from the pools.)
     if (b == nullptr && rounded <= kSmallSize) {
       const Refill r = refill(cache, stream, rounded, cache.may_bridge(rounded));
       if (r == Refill::kDone) b = cache.pop(stream, rounded);
@@ -429,7 +429,8 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     }
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
-    const bool due = cache.batch_due(options.free_epoch_bytes);  // under the lock: another thread may drain the cache
+    // Read under the lock: another thread may drain the cache.
+    const bool due = cache.batch_due(options.free_epoch_bytes);
     held.unlock();
     return due ? close_batch(cache) : Status::kOk;
   }
@@ -443,11 +444,11 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // goes to the allocator's epoch under the device lock, unless another thread holds that lock:
 // then, if it is a whole segment, it and the next kLargeDeferRun such frees wait in this
 // thread's batches, as small ones do, within kLargeHeldBytes, and the thread's large misses
-// refill from them (allocate_missed). Only under contention, so that a program whose frees meet an idle
-// lock keeps the epoch's coalescing and early fencing (reach_epoch): the --as-cudamalloc
-// replays lost up to 8% of utilization (bert-infer) with every such block in the batches.
-// Contended, each pair took the lock twice: 8 threads of 16 MiB cudaMalloc pairs ran at a sixth
-// of one thread's rate.
+// refill from them (allocate_missed). Only under contention, so that a program whose frees
+// meet an idle lock keeps the epoch's coalescing and early fencing (reach_epoch): the
+// --as-cudamalloc replays lost up to 8% of utilization (bert-infer) with every such block in
+// the batches. Contended, each pair took the lock twice: 8 threads of 16 MiB cudaMalloc pairs
+// ran at a sixth of one thread's rate.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
                                                    bool local) {
   if (cache.in_large_defer_run()) {
@@ -461,12 +462,13 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     cache.start_large_defer_run();
   }
   std::unique_lock<SpinLock> held(cache.lock);
-  if (!parks_large(b, true) || !cache.may_defer_large(b->size)) {
+  const bool whole = parks_large(b, true);
+  if (!whole || !cache.may_defer_large(b->size)) {
     // Past the bound, what waits unfenced is fenced now: no later large free of this thread
     // closes its batch while the bound holds.
-    const bool open_batch = cache.holds_large_deferred();
+    const bool fence_waiting = whole && cache.holds_large_deferred();
     held.unlock();
-    if (open_batch) (void)close_batch(cache, /*now=*/true);
+    if (fence_waiting) (void)close_batch(cache, /*now=*/true);
     std::lock_guard lock(mutex);
     free(b, FreeOrder::kDevice, stream, async);
     return Status::kOk;

@@ -38,7 +38,6 @@
 #include <random>
 #include <thread>
 #include <string>
-#include <utility>
 #include <vector>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -319,31 +318,21 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Two timings alternating for `rounds` rounds in this process, the order flipping each round:
-// `time(r, first)` runs round r's first (or second) and returns its rate. Their medians.
-template <typename Time>
-static std::pair<double, double> alternate(int rounds, Time&& time) {
-  std::vector<double> first, second;
+// Alternating rounds of `a` and `b` threads in this process (the order flips each round).
+static void threads_ab(int a, int b, size_t size, bool async, int iters, bool streams, int rounds) {
+  std::vector<double> ra, rb;
   for (int r = 0; r < rounds; ++r) {
     for (int k = 0; k < 2; ++k) {
-      const bool is_first = (r % 2 == 0) == (k == 0);
-      (is_first ? first : second).push_back(time(r, is_first));
+      const bool first_a = (r % 2 == 0) == (k == 0);
+      const int n = first_a ? a : b;
+      const double rate = threads(n, size, async, iters, streams);
+      (first_a ? ra : rb).push_back(rate);
+      std::printf("threads_round round=%d threads=%d size=%zu async=%d pairs_per_s=%.0f first_done=%.2f last_done=%.2f\n",
+                  r, n, size, async, rate, g_first_done, g_last_done);
     }
   }
-  return {median(first), median(second)};
-}
-
-// Alternating rounds of `a` and `b` threads.
-static void threads_ab(int a, int b, size_t size, bool async, int iters, bool streams, int rounds) {
-  const auto [ma, mb] = alternate(rounds, [&](int r, bool first_a) {
-    const int n = first_a ? a : b;
-    const double rate = threads(n, size, async, iters, streams);
-    std::printf("threads_round round=%d threads=%d size=%zu async=%d pairs_per_s=%.0f first_done=%.2f last_done=%.2f\n",
-                r, n, size, async, rate, g_first_done, g_last_done);
-    return rate;
-  });
   std::printf("threads_ab a=%d b=%d size=%zu async=%d a_pairs_per_s=%.0f b_pairs_per_s=%.0f ratio=%.2f\n", a, b, size,
-              async, ma, mb, mb / ma);
+              async, median(ra), median(rb), median(rb) / median(ra));
 }
 
 // The same `n` threads, each pinned to its own vCPU (pick_cpus), run one at a time and then all
@@ -359,15 +348,20 @@ static int threads_seq(int n, size_t size, bool async, int iters, bool streams, 
   }
   std::string list;
   for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
-  const auto [alone, together] = alternate(rounds, [&](int r, bool one) {
-    const double rate = threads(n, size, async, iters, streams, &cpus, one);
-    std::printf("threads_seq_round round=%d threads=%d one_at_a_time=%d size=%zu async=%d pairs_per_s=%.0f\n", r, n,
-                one ? 1 : 0, size, async, rate);
-    return rate;
-  });
+  std::vector<double> alone, together;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool one = (r % 2 == 0) == (k == 0);
+      const double rate = threads(n, size, async, iters, streams, &cpus, one);
+      (one ? alone : together).push_back(rate);
+      std::printf("threads_seq_round round=%d threads=%d one_at_a_time=%d size=%zu async=%d pairs_per_s=%.0f\n", r, n,
+                  one ? 1 : 0, size, async, rate);
+    }
+  }
   std::printf("threads_seq threads=%d size=%zu async=%d%s cpus=%s alone_pairs_per_s=%.0f together_pairs_per_s=%.0f "
               "ratio=%.2f\n",
-              n, size, async, g_private ? " private=1" : "", list.c_str(), alone, together, together / alone);
+              n, size, async, g_private ? " private=1" : "", list.c_str(), median(alone), median(together),
+              median(together) / median(alone));
   return 0;
 }
 

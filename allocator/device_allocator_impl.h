@@ -180,7 +180,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
   Status bin_full(Block* b);
   Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, bool async, bool local);
-  Status defer_free(ThreadCache& cache, std::unique_lock<SpinLock>& held, Block* b);
   // Closes the thread's deferred frees as a batch once due, or with `now` whenever there are any.
   Status close_batch(ThreadCache& cache, bool now = false);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).

@@ -170,13 +170,11 @@ class ThreadCache {
   bool holds_large_pending() const { return held_large_bytes_ != 0; }
   bool holds_large_deferred() const { return deferred_large_bytes_ != 0; }
   // The run of large frees that skip the device lock (kLargeDeferRun). Owner thread only.
-  // take_: whether a run is on, counting this free against it.
-  bool take_large_defer_run() {
-    if (large_defer_run_ == 0) return false;
-    --large_defer_run_;
-    return true;
-  }
+  bool in_large_defer_run() const { return large_defer_run_ != 0; }
   void start_large_defer_run() { large_defer_run_ = kLargeDeferRun; }
+  void step_large_defer_run() {
+    if (large_defer_run_ != 0) --large_defer_run_;
+  }
   // A block leaves deferred() or a batch other than by forget_pending().
   void left_batches(const Block* b) {
     if (b->pool == PoolKind::kLarge) held_large_bytes_ -= b->size;

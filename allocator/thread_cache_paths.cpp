@@ -427,7 +427,12 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
       held.unlock();
       return cached ? Status::kOk : bin_full(b);
     }
-    return defer_free(cache, held, b);
+    cache.deferred().push_back(b);
+    count_deferred(*this, cache, b);
+    // Read under the lock: another thread may drain the cache.
+    const bool due = cache.batch_due(options.free_epoch_bytes);
+    held.unlock();
+    return due ? close_batch(cache) : Status::kOk;
   }
   if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
   std::lock_guard lock(mutex);
@@ -446,7 +451,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // ran at a sixth of one thread's rate.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
                                                    bool local) {
-  if (!cache.take_large_defer_run()) {
+  if (cache.in_large_defer_run()) {
+    cache.step_large_defer_run();
+  } else {
     if (mutex.try_lock()) {
       std::lock_guard lock(mutex, std::adopt_lock);
       free(b, FreeOrder::kDevice, stream, async);
@@ -467,12 +474,6 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     return Status::kOk;
   }
   if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, local);
-  return defer_free(cache, held, b);
-}
-
-// A cudaFree'd block joins the deferred frees of `cache`, whose lock `held` holds, and the batch
-// closes once due (read under the lock: another thread may drain the cache).
-Status Impl::defer_free(ThreadCache& cache, std::unique_lock<SpinLock>& held, Block* b) {
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
   const bool due = cache.batch_due(options.free_epoch_bytes);

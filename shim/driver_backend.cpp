@@ -460,8 +460,9 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
 // it took 239 ns from one thread against 244 ns per stream query and 381 ns for the legacy
 // record, and 4.5 us against 44 us for the legacy record from 8 threads at once; and it waited
 // for the work of legacy, per-thread, blocking, non-blocking, destroyed and green contexts'
-// streams, graphs and host functions queued before it (tests/gpu/ctx_event_probe). Null, with nothing recorded, where the driver lacks or refuses it:
-// the per-stream fence is used from then on.
+// streams, graphs and host functions queued before it (tests/gpu/ctx_event_probe). Null, with
+// nothing recorded, where the driver lacks or refuses it: the per-stream fence is used from then
+// on.
 CUevent DriverBackend::record_context_event() {
   if (!context_events_.load(std::memory_order_relaxed) || driver().cuCtxRecordEvent == nullptr) return nullptr;
   CUevent e = take_event();

@@ -75,8 +75,21 @@ class SegmentBackend {
   virtual Status free_address(DevicePtr /*base*/, std::size_t /*bytes*/) { return Status::kBackendError; }
   // create + map + set access of [va, va+bytes); rolls back what it did on failure.
   virtual Status map(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
-  // unmap + release of [va, va+bytes), which was mapped by map() calls covering it exactly.
+  // unmap + release of [va, va+bytes), which was mapped by map() or map_pages() calls covering
+  // it exactly.
   virtual Status unmap(DevicePtr /*va*/, std::size_t /*bytes*/) { return Status::kBackendError; }
+
+  // --- page-granular virtual memory (page stitching)
+  // Whether physical pages can move between addresses now: map_pages and remap work, and no
+  // stream capture is under way (a captured graph keeps the addresses it saw).
+  virtual bool can_remap() const { return false; }
+  // As map(), with one physical allocation per granule, so that remap() can move each alone.
+  virtual Status map_pages(DevicePtr va, std::size_t bytes) { return map(va, bytes); }
+  // Moves the physical pages mapped at each of `from` (one granule each, made by map_pages) to
+  // the contiguous range starting at `to`, in that order: unmapped there, mapped here with
+  // access set. No page is released or created. All or nothing: on failure every page is
+  // back where it was. The caller has made sure no device work can still touch `from`.
+  virtual Status remap(const std::vector<DevicePtr>& /*from*/, DevicePtr /*to*/) { return Status::kBackendError; }
 
  protected:
   void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) const {

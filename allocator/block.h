@@ -72,6 +72,9 @@ struct alignas(64) Block {
   // CU_POINTER_ATTRIBUTE_BUFFER_ID of the current hand-out, valid while has_buffer_id: taken
   // from a process-wide counter when first asked for (DeviceAllocator::find), under the lock.
   std::uint64_t buffer_id = 0;
+  // Expandable segments: the UnmapClock era in which it last became free (a merged block, the
+  // latest of its parts'); its whole pages may move elsewhere once that era is safe.
+  std::uint32_t freed_era = 0;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

@@ -211,15 +211,20 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
 }
 
 namespace {
-AllocatorOptions without_expandable(AllocatorOptions o) {
-  o.expandable_segments = false;
+// Page stitching is a way of running expandable segments: it asks for them. A device without
+// virtual memory gets neither.
+bool wants_expandable(const AllocatorOptions& o) { return o.expandable_segments || o.page_stitching; }
+
+AllocatorOptions in_force(AllocatorOptions o, bool virtual_memory) {
+  o.expandable_segments = wants_expandable(o) && virtual_memory;
+  o.page_stitching = o.page_stitching && virtual_memory;
   return o;
 }
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(SegmentBackend& backend, const AllocatorOptions& options, int device)
-    : expandable_ignored_(options.expandable_segments && !backend.supports_virtual_memory()),
-      options_(expandable_ignored_ ? without_expandable(options) : options),
+    : expandable_ignored_(wants_expandable(options) && !backend.supports_virtual_memory()),
+      options_(in_force(options, backend.supports_virtual_memory())),
       device_(device),
       impl_(std::make_shared<Impl>(backend, options_, device)) {
   // Weak: a backend may outlive its allocator.

@@ -49,7 +49,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::uint64_t tick = 0;
   FreeBlocks blocks{sizes, stats, tick};
   SegmentTable segments;
-  ExpandableSegments expandable{backend, segments, blocks, stats, *this};
+  ExpandableSegments expandable{backend, segments, blocks, stats, *this,
+                                options.page_stitching ? PageStitching::kOn : PageStitching::kOff};
   FenceQueue fences;
   alignas(64) FenceClock batch_fences;  // the device fences of the thread caches' batches (shared)
   LiveMap live;
@@ -228,6 +229,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_error(Status error) override;
+  void note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
+  void note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   // Set when the device refused memory with an error other than out of memory (a capture that
   // forbids the call, a broken context): releasing cache and retrying cannot help, and the
   // program gets that error, not an out-of-memory report. Reset by each locked allocation.

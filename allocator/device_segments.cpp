@@ -32,6 +32,21 @@ void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, s
   notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
 }
 
+// Moved pages keep the memory held the same: the segment events tell observers that the
+// addresses changed, the device calls are not counted (the growth that moved them is).
+void Impl::note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+}
+
+void Impl::note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
+  regions.add(ptr, bytes);
+  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
+}
+
 Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
   const std::size_t size = SizeClasses::segment_size(rounded);
   if (!claim(size)) return nullptr;

@@ -49,7 +49,12 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
       need = n;
     }
   }
-  if (u == nullptr || !ledger_.claim(need)) return nullptr;
+  if (u == nullptr) return nullptr;
+  if (stitching_ == PageStitching::kOn) {
+    if (!stitch(s, u, need)) return nullptr;
+    return blocks_.find(stream, rounded, kind);
+  }
+  if (!ledger_.claim(need)) return nullptr;
   if (const Status st = backend_.map(u->ptr, need); st != Status::kOk) {
     ledger_.unclaim(need);
     ledger_.note_device_error(st);
@@ -58,11 +63,142 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
   s->chunks.emplace(u->ptr, need);
   segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
   ledger_.note_device_alloc(kind, stream, u->ptr, need);
+  mapped_at(s, u, need);
+  return blocks_.find(stream, rounded, kind);
+}
+
+void ExpandableSegments::mapped_at(Segment* /*s*/, Block* u, std::size_t bytes) {
   blocks_.erase(u);
-  if (u->size > need) blocks_.insert(FreeBlocks::split_at(u, need));
+  if (u->size > bytes) blocks_.insert(FreeBlocks::split_at(u, bytes));
   u->mapped = true;
   blocks_.make_reusable(u);  // joins the free block before it
-  return blocks_.find(stream, rounded, kind);
+}
+
+std::vector<ExpandableSegments::PageRun> ExpandableSegments::free_page_runs(const Block* keep) const {
+  const std::size_t g = backend_.vm_granularity();
+  std::vector<PageRun> runs;
+  for (const auto& [key, seg] : by_key_) {
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b == keep || !b->mapped || b->state != BlockState::kFree) continue;
+      const DevicePtr lo = (b->ptr + g - 1) / g * g;
+      const DevicePtr hi = (b->ptr + b->size) / g * g;
+      if (hi > lo) runs.push_back(PageRun{b, lo, (hi - lo) / g});
+    }
+  }
+  // Small holes first: a large free block is worth more where it is, to a large request.
+  std::sort(runs.begin(), runs.end(), [](const PageRun& a, const PageRun& b) {
+    return a.block->size != b.block->size ? a.block->size < b.block->size : a.first < b.first;
+  });
+  return runs;
+}
+
+// Reserved memory follows live memory page by page: a request that finds no contiguous free
+// range gets the free pages of other blocks, wherever they lie, mapped side by side at the
+// growth point, and new memory only for what they cannot cover. A page moves only once the
+// device is done with its last block (UnmapClock); while the limit leaves room, pages the
+// device may still use are left alone and new memory is made instead of waiting.
+bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
+  const std::size_t g = backend_.vm_granularity();
+  const std::size_t pages = need / g;
+  std::vector<PageRun> runs = backend_.can_remap() ? free_page_runs(u->prev) : std::vector<PageRun>{};
+  std::vector<PageRun> take;
+  std::size_t have = 0;
+  const auto pick = [&](bool safe_ones) {
+    for (const PageRun& r : runs) {
+      if (have == pages) break;
+      if (clock_.safe(r.block->freed_era) != safe_ones) continue;
+      const std::size_t n = std::min(r.pages, pages - have);
+      take.push_back(PageRun{r.block, r.first, n});
+      have += n;
+    }
+  };
+  const auto any_unsafe = [&] {
+    return std::any_of(runs.begin(), runs.end(), [&](const PageRun& r) { return !clock_.safe(r.block->freed_era); });
+  };
+  // Pages freed since the last fence get one now: a device that keeps up has passed it already.
+  if (any_unsafe()) clock_.close(backend_);
+  pick(true);
+  std::size_t fresh = pages - have;
+  bool claimed = fresh == 0 || ledger_.claim(fresh * g);
+  UnmapClock::Era wait_for = 0;
+  if (!claimed) {
+    // No room for new memory: wait for the device to finish with pages it may still use.
+    const std::size_t before = take.size();
+    pick(false);
+    for (std::size_t i = before; i < take.size(); ++i) wait_for = std::max(wait_for, take[i].block->freed_era);
+    fresh = pages - have;
+    claimed = fresh == 0 || ledger_.claim(fresh * g);
+    if (!claimed) return false;
+    if (wait_for != 0 && !clock_.wait(backend_, wait_for)) {
+      if (fresh > 0) ledger_.unclaim(fresh * g);
+      return false;
+    }
+  }
+  const DevicePtr fresh_at = u->ptr + have * g;
+  if (fresh > 0) {
+    if (const Status st = backend_.map_pages(fresh_at, fresh * g); st != Status::kOk) {
+      ledger_.unclaim(fresh * g);
+      ledger_.note_device_error(st);
+      return false;
+    }
+  }
+  if (have > 0) {
+    std::vector<DevicePtr> from;
+    from.reserve(have);
+    for (const PageRun& t : take) {
+      for (std::size_t i = 0; i < t.pages; ++i) from.push_back(t.first + i * g);
+    }
+    if (backend_.remap(from, u->ptr) == Status::kOk) {
+      ++stats_.num_remaps;
+      stats_.num_remapped_pages += static_cast<std::int64_t>(have);
+    } else {
+      // Nothing moved: the request gets new memory instead, as without stitching.
+      const bool claimed_rest = ledger_.claim(have * g);
+      if (!claimed_rest || backend_.map_pages(u->ptr, have * g) != Status::kOk) {
+        if (claimed_rest) ledger_.unclaim(have * g);
+        if (fresh > 0 && backend_.unmap(fresh_at, fresh * g) == Status::kOk) ledger_.unclaim(fresh * g);
+        return false;
+      }
+      take.clear();
+      fresh = pages;
+      have = 0;
+    }
+  }
+  // Every count changes before any observer hears of it, so that none sees the moved pages
+  // counted twice (or not at all) in the memory held.
+  for (std::size_t i = 0; i < pages; ++i) s->chunks.emplace(u->ptr + i * g, g);
+  segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
+  for (const PageRun& t : take) {
+    Segment* from = t.block->segment;
+    for (std::size_t i = 0; i < t.pages; ++i) from->chunks.erase(t.first + i * g);
+    segments_.note_mapped(from, -static_cast<std::ptrdiff_t>(t.pages * g));
+  }
+  // The sources first: mapped, the target would absorb a free source block right after it;
+  // a source's range, unmapped, joins `u` instead, which stays the block at its address.
+  const DevicePtr at = u->ptr;
+  for (const PageRun& t : take) {
+    const PoolKind kind = t.block->segment->pool;
+    const StreamHandle stream = t.block->segment->stream;
+    pages_left(t.block, t.first, t.pages);
+    ledger_.note_pages_out(kind, stream, t.first, t.pages * g);
+  }
+  mapped_at(s, u, need);
+  if (have > 0) ledger_.note_pages_in(s->pool, s->stream, at, have * g);
+  if (fresh > 0) ledger_.note_device_alloc(s->pool, s->stream, at + have * g, fresh * g);
+  return true;
+}
+
+void ExpandableSegments::pages_left(Block* b, DevicePtr first, std::size_t n) {
+  const std::size_t bytes = n * backend_.vm_granularity();
+  blocks_.erase(b);
+  Block* gone = b;
+  if (first > b->ptr) {
+    gone = FreeBlocks::split_at(b, first - b->ptr);
+    blocks_.insert(b);
+  }
+  if (gone->size > bytes) blocks_.insert(FreeBlocks::split_at(gone, bytes));
+  gone->mapped = false;
+  blocks_.make_reusable(gone);  // joins neighbouring unmapped ranges
 }
 
 // The free block that holds the whole mapped chunk [start, start+bytes) of `s`, or null.

@@ -11,12 +11,14 @@
 #include <cstddef>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/free_blocks.h"
 #include "allocator/memory_stats.h"
 #include "allocator/segment_table.h"
+#include "allocator/unmap_clock.h"
 
 namespace cudalloc {
 
@@ -38,16 +40,25 @@ class SegmentLedger {
   virtual void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
   // The device refused memory with `error`, not for want of it (see Impl::device_error).
   virtual void note_device_error(Status error) = 0;
+  // Physical pages moved (page stitching): `bytes` at `ptr` of a segment of `kind` on `stream`
+  // left, or arrived. The memory held from the device does not change.
+  virtual void note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
+  virtual void note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
 
  protected:
   ~SegmentLedger() = default;
 };
 
+// Whether growth may take the free pages of other blocks instead of new memory.
+enum class PageStitching : bool { kOff, kOn };
+
 class ExpandableSegments {
  public:
   ExpandableSegments(SegmentBackend& backend, SegmentTable& segments, FreeBlocks& blocks, MemoryStats& stats,
-                     SegmentLedger& ledger)
-      : backend_(backend), segments_(segments), blocks_(blocks), stats_(stats), ledger_(ledger) {}
+                     SegmentLedger& ledger, PageStitching stitching = PageStitching::kOff)
+      : backend_(backend), segments_(segments), blocks_(blocks), stats_(stats), ledger_(ledger), stitching_(stitching) {
+    if (stitching_ == PageStitching::kOn) blocks_.set_unmap_clock(&clock_);
+  }
   ExpandableSegments(const ExpandableSegments&) = delete;
   ExpandableSegments& operator=(const ExpandableSegments&) = delete;
 
@@ -59,7 +70,10 @@ class ExpandableSegments {
   // nothing mapped. Returns the bytes given back.
   std::size_t unmap_all_free_chunks(std::size_t stop_below = 0);
   // Forgets the index (the segment table forgets the segments).
-  void clear() { by_key_.clear(); }
+  void clear() {
+    by_key_.clear();
+    clock_.all_safe();
+  }
 
  private:
   // The segment of (stream, kind), reserved on first use; null if no address space is left.
@@ -68,6 +82,23 @@ class ExpandableSegments {
   // Frees the address range of a segment with nothing mapped, and forgets the segment.
   bool release_address(Segment* s);
   static Block* free_block_around(const Segment& s, DevicePtr start, std::size_t bytes);
+  // Page stitching: the whole pages inside free mapped blocks that could move, but those of
+  // `keep`; each run of them in one block, smallest blocks first.
+  struct PageRun {
+    Block* block;
+    DevicePtr first;
+    std::size_t pages;
+  };
+  std::vector<PageRun> free_page_runs(const Block* keep) const;
+  // Maps `need` bytes at the start of the unmapped block `u` of `s`, taking as many pages as it
+  // can from other free blocks and making the rest new. False, changing nothing, if it cannot.
+  bool stitch(Segment* s, Block* u, std::size_t need);
+  // Turns the pages [first, first + n granules) of the free mapped block `b` into unmapped
+  // address space, their physical pages having moved away.
+  void pages_left(Block* b, DevicePtr first, std::size_t n);
+  // Marks `bytes` at the start of the unmapped block `u` of `s` as mapped, joined to the free
+  // block before it.
+  void mapped_at(Segment* s, Block* u, std::size_t bytes);
 
   SegmentBackend& backend_;
   SegmentTable& segments_;
@@ -75,6 +106,8 @@ class ExpandableSegments {
   MemoryStats& stats_;
   SegmentLedger& ledger_;
   std::map<std::pair<StreamHandle, PoolKind>, Segment*> by_key_;
+  const PageStitching stitching_;
+  UnmapClock clock_;
 };
 
 }  // namespace cudalloc

@@ -46,8 +46,13 @@ Block* FreeBlocks::find(StreamHandle stream, std::size_t rounded, PoolKind kind)
 void FreeBlocks::make_reusable(Block* b) {
   b->state = BlockState::kFree;
   b->stream_uses.clear();
+  if (clock_ != nullptr && b->mapped && b->segment->expandable) {
+    b->freed_era = clock_->now();
+    clock_->stamped();
+  }
   if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree && prev->mapped == b->mapped) {
     erase(prev);
+    prev->freed_era = std::max(prev->freed_era, b->freed_era);
     prev->size += b->size;
     prev->next = b->next;
     if (b->next) b->next->prev = prev;
@@ -56,6 +61,7 @@ void FreeBlocks::make_reusable(Block* b) {
   }
   if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree && next->mapped == b->mapped) {
     erase(next);
+    b->freed_era = std::max(b->freed_era, next->freed_era);
     b->size += next->size;
     b->next = next->next;
     if (next->next) next->next->prev = b;
@@ -74,6 +80,7 @@ Block* FreeBlocks::split_at(Block* b, std::size_t offset) {
   rest->pool = b->pool;
   rest->mapped = b->mapped;
   rest->state = b->state;
+  rest->freed_era = b->freed_era;
   rest->prev = b;
   rest->next = b->next;
   if (b->next) b->next->prev = rest;

@@ -14,6 +14,7 @@
 #include "allocator/block_pool.h"
 #include "allocator/memory_stats.h"
 #include "allocator/size_classes.h"
+#include "allocator/unmap_clock.h"
 
 namespace cudalloc {
 
@@ -31,8 +32,10 @@ class FreeBlocks {
   void erase(Block* b);
   // The best fitting free block of `stream` that may serve `rounded`, out of its pool.
   Block* find(StreamHandle stream, std::size_t rounded, PoolKind kind);
-  // Merges a free block with free neighbours and puts it in its pool.
+  // Merges a free block with free neighbours and puts it in its pool. A block of an expandable
+  // segment is stamped with the clock's era (set_unmap_clock) first.
   void make_reusable(Block* b);
+  void set_unmap_clock(UnmapClock* clock) { clock_ = clock; }
 
   // Splits `b` at `offset`; the new block after it shares its state and mapping.
   static Block* split_at(Block* b, std::size_t offset);
@@ -57,6 +60,7 @@ class FreeBlocks {
   BlockPool small_;
   BlockPool large_;
   BlockPool unmapped_;  // unbacked free ranges of expandable segments
+  UnmapClock* clock_ = nullptr;
 };
 
 }  // namespace cudalloc

@@ -61,6 +61,9 @@ struct MemoryStats {
   // Of the locked allocations, those a thread took rather than wait for another thread's
   // fence of its next batch (the thread cache's bridge).
   std::int64_t num_bridged_allocs = 0;
+  // Page stitching: growths served (partly) by moving free pages, and the pages moved.
+  std::int64_t num_remaps = 0;
+  std::int64_t num_remapped_pages = 0;
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
 

@@ -23,6 +23,9 @@ struct AllocatorOptions {
   // 0 or 1: plain 512-byte rounding in that interval.
   std::array<std::size_t, kRoundupIntervals> roundup_power2_divisions{};
   bool expandable_segments = false;
+  // Expandable segments map one physical page per granule and a growth takes the free pages of
+  // other blocks before new memory (expandable_segments.h). Needs expandable_segments.
+  bool page_stitching = false;
   // Fraction of the device's total memory the process may reserve. 1 = all.
   double per_process_memory_fraction = 1.0;
   // Absolute cap on reserved bytes. 0 = none.

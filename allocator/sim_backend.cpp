@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -198,22 +200,31 @@ Status SimBackend::free_address(DevicePtr base, std::size_t bytes) {
   return Status::kOk;
 }
 
+bool SimBackend::free_address_range(DevicePtr va, std::size_t bytes) const {
+  auto r = reservations_.upper_bound(va);
+  if (r == reservations_.begin()) return false;
+  --r;
+  if (va + bytes > r->first + r->second) return false;
+  auto next = mappings_.lower_bound(va);
+  if (next != mappings_.end() && next->first < va + bytes) return false;
+  if (next != mappings_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.bytes > va) return false;
+  }
+  return true;
+}
+
+bool SimBackend::still_accessed(DevicePtr va, std::size_t bytes) const {
+  return std::any_of(accesses_.begin(), accesses_.end(),
+                     [&](const Access& a) { return a.ptr < va + bytes && va < a.ptr + a.bytes; });
+}
+
 Status SimBackend::map(DevicePtr va, std::size_t bytes) {
   std::lock_guard lock(mutex_);
   if (!options_.virtual_memory) return Status::kBackendError;
   const std::size_t g = options_.vm_granularity;
   if (bytes == 0 || bytes % g != 0 || va % g != 0) return Status::kInvalidValue;
-  // Must lie in a reservation and not overlap a mapping.
-  auto r = reservations_.upper_bound(va);
-  if (r == reservations_.begin()) return Status::kInvalidValue;
-  --r;
-  if (va + bytes > r->first + r->second) return Status::kInvalidValue;
-  auto next = mappings_.lower_bound(va);
-  if (next != mappings_.end() && next->first < va + bytes) return Status::kInvalidValue;
-  if (next != mappings_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second > va) return Status::kInvalidValue;
-  }
+  if (!free_address_range(va, bytes)) return Status::kInvalidValue;
   if (should_fail(SimOp::kMap) || bytes > options_.total_memory - std::min(used_, options_.total_memory)) {
     return Status::kOutOfMemory;
   }
@@ -221,9 +232,60 @@ Status SimBackend::map(DevicePtr va, std::size_t bytes) {
       mprotect(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE) != 0) {
     return Status::kBackendError;
   }
-  mappings_[va] = bytes;
+  mappings_[va] = Mapping{bytes, next_physical_++};
   used_ += bytes;
   ++map_calls_;
+  return Status::kOk;
+}
+
+Status SimBackend::map_pages(DevicePtr va, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  const Status st = map(va, bytes);
+  if (st != Status::kOk) return st;
+  // One physical allocation per granule, as the driver backend makes them.
+  const std::size_t g = options_.vm_granularity;
+  mappings_.erase(va);
+  for (DevicePtr p = va; p < va + bytes; p += g) mappings_[p] = Mapping{g, next_physical_++};
+  return Status::kOk;
+}
+
+bool SimBackend::can_remap() const {
+  std::lock_guard lock(mutex_);
+  return options_.virtual_memory && !capturing_;
+}
+
+Status SimBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to) {
+  std::lock_guard lock(mutex_);
+  const std::size_t g = options_.vm_granularity;
+  if (!options_.virtual_memory || capturing_) return Status::kBackendError;
+  if (from.empty() || to % g != 0 || !free_address_range(to, from.size() * g)) return Status::kInvalidValue;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    auto it = mappings_.find(from[i]);
+    if (it == mappings_.end() || it->second.bytes != g) return Status::kInvalidValue;
+    if (std::find(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(i), from[i]) !=
+        from.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return Status::kInvalidValue;
+    }
+  }
+  if (should_fail(SimOp::kRemap)) return Status::kBackendError;  // nothing moved
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    const DevicePtr src = from[i];
+    const DevicePtr dst = to + i * g;
+    if (still_accessed(src, g)) ++unsafe_unmaps_;
+    if (options_.host_memory) {
+      // The contents go with the physical page, as on the device.
+      mprotect(reinterpret_cast<void*>(dst), g, PROT_READ | PROT_WRITE);
+      std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), g);
+      madvise(reinterpret_cast<void*>(src), g, MADV_DONTNEED);
+      mprotect(reinterpret_cast<void*>(src), g, PROT_NONE);
+    }
+    auto it = mappings_.find(src);
+    const Mapping m = it->second;
+    mappings_.erase(it);
+    mappings_[dst] = m;
+  }
+  ++remap_calls_;
+  remapped_pages_ += from.size();
   return Status::kOk;
 }
 
@@ -231,17 +293,18 @@ Status SimBackend::unmap(DevicePtr va, std::size_t bytes) {
   run_during(SimOp::kUnmap);
   std::lock_guard lock(mutex_);
   // The range must be covered exactly by whole mappings.
-  std::vector<std::map<DevicePtr, std::size_t>::iterator> covered;
+  std::vector<std::map<DevicePtr, Mapping>::iterator> covered;
   DevicePtr at = va;
   auto it = mappings_.find(va);
   while (at < va + bytes) {
     if (it == mappings_.end() || it->first != at) return Status::kInvalidValue;
     covered.push_back(it);
-    at += it->second;
+    at += it->second.bytes;
     ++it;
   }
   if (at != va + bytes) return Status::kInvalidValue;
   if (should_fail(SimOp::kUnmap)) return Status::kBackendError;
+  if (still_accessed(va, bytes)) ++unsafe_unmaps_;
   if (options_.host_memory) {
     madvise(reinterpret_cast<void*>(va), bytes, MADV_DONTNEED);
     mprotect(reinterpret_cast<void*>(va), bytes, PROT_NONE);
@@ -250,6 +313,23 @@ Status SimBackend::unmap(DevicePtr va, std::size_t bytes) {
   used_ -= bytes;
   ++unmap_calls_;
   return Status::kOk;
+}
+
+void SimBackend::enqueue_access(StreamHandle handle, DevicePtr ptr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  Stream& s = stream(handle);
+  const std::uint64_t seq = s.enqueued + 1;
+  accesses_.push_back(Access{handle, seq, ptr, bytes});
+  s.work.push_back([this, handle, seq, ptr, bytes] {
+    if (!is_accessible(ptr, bytes)) ++bad_accesses_;
+    std::erase_if(accesses_, [&](const Access& a) { return a.stream == handle && a.seq == seq; });
+  });
+  ++s.enqueued;
+}
+
+void SimBackend::set_capturing(bool capturing) {
+  std::lock_guard lock(mutex_);
+  capturing_ = capturing;
 }
 
 void SimBackend::enqueue(StreamHandle handle, std::function<void()> work) {
@@ -315,6 +395,17 @@ std::size_t SimBackend::segment_calls() const { std::lock_guard l(mutex_); retur
 std::size_t SimBackend::free_calls() const { std::lock_guard l(mutex_); return free_calls_; }
 std::size_t SimBackend::map_calls() const { std::lock_guard l(mutex_); return map_calls_; }
 std::size_t SimBackend::unmap_calls() const { std::lock_guard l(mutex_); return unmap_calls_; }
+std::size_t SimBackend::remap_calls() const { std::lock_guard l(mutex_); return remap_calls_; }
+std::size_t SimBackend::remapped_pages() const { std::lock_guard l(mutex_); return remapped_pages_; }
+std::size_t SimBackend::unsafe_unmaps() const { std::lock_guard l(mutex_); return unsafe_unmaps_; }
+std::size_t SimBackend::bad_accesses() const { std::lock_guard l(mutex_); return bad_accesses_; }
+std::uint64_t SimBackend::physical_at(DevicePtr va) const {
+  std::lock_guard l(mutex_);
+  auto it = mappings_.upper_bound(va);
+  if (it == mappings_.begin()) return 0;
+  --it;
+  return va < it->first + it->second.bytes ? it->second.physical : 0;
+}
 std::size_t SimBackend::reserved_address_bytes() const {
   std::lock_guard l(mutex_);
   std::size_t bytes = 0;
@@ -326,13 +417,18 @@ std::size_t SimBackend::stream_fences() const { std::lock_guard l(mutex_); retur
 
 bool SimBackend::is_accessible(DevicePtr ptr, std::size_t bytes) const {
   std::lock_guard lock(mutex_);
-  auto inside = [&](const std::map<DevicePtr, std::size_t>& ranges) {
-    auto it = ranges.upper_bound(ptr);
-    if (it == ranges.begin()) return false;
-    --it;
-    return ptr + bytes <= it->first + it->second;
-  };
-  return inside(segments_) || inside(mappings_);
+  auto it = segments_.upper_bound(ptr);
+  if (it != segments_.begin() && ptr + bytes <= std::prev(it)->first + std::prev(it)->second) return true;
+  // Mapped memory may be several mappings side by side.
+  auto m = mappings_.upper_bound(ptr);
+  if (m == mappings_.begin()) return false;
+  --m;
+  DevicePtr end = m->first;
+  while (m != mappings_.end() && m->first == end && end < ptr + bytes) {
+    end += m->second.bytes;
+    ++m;
+  }
+  return end >= ptr + bytes;
 }
 
 }  // namespace cudalloc

@@ -30,7 +30,7 @@ struct SimOptions {
   bool blocking_streams = false;
 };
 
-enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap, kDeviceFence };
+enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap, kDeviceFence, kRemap };
 
 class SimBackend final : public SegmentBackend {
  public:
@@ -49,6 +49,9 @@ class SimBackend final : public SegmentBackend {
   Status free_address(DevicePtr base, std::size_t bytes) override;
   Status map(DevicePtr va, std::size_t bytes) override;
   Status unmap(DevicePtr va, std::size_t bytes) override;
+  bool can_remap() const override;
+  Status map_pages(DevicePtr va, std::size_t bytes) override;
+  Status remap(const std::vector<DevicePtr>& from, DevicePtr to) override;
 
   // --- the simulated device
   // Queues work on a stream (created on first use; 0 is the default stream). It runs when
@@ -58,6 +61,12 @@ class SimBackend final : public SegmentBackend {
   std::size_t run(StreamHandle stream, std::size_t max_items = SIZE_MAX);
   void run_all();
   std::size_t queued(StreamHandle stream) const;
+  // Queues work on `stream` that reads and writes [ptr, ptr+bytes) when it runs: it counts a
+  // bad access if the range is not mapped then, and an unmap or remap of any of it before it
+  // ran counts as unsafe (the allocator let the device lose memory that queued work still uses).
+  void enqueue_access(StreamHandle stream, DevicePtr ptr, std::size_t bytes);
+  // While on, can_remap() says no, as the driver backend does during a stream capture.
+  void set_capturing(bool capturing);
 
   // --- capacity and faults
   void set_total_memory(std::size_t bytes);
@@ -83,6 +92,14 @@ class SimBackend final : public SegmentBackend {
   std::size_t free_calls() const;
   std::size_t map_calls() const;
   std::size_t unmap_calls() const;
+  std::size_t remap_calls() const;
+  std::size_t remapped_pages() const;
+  // Unmaps and remaps that took memory from work still queued (enqueue_access), and queued
+  // accesses that found their range unmapped when they ran. A correct allocator keeps all 0.
+  std::size_t unsafe_unmaps() const;
+  std::size_t bad_accesses() const;
+  // The physical allocation mapped at `va` (0: none): a test tells pages apart by it.
+  std::uint64_t physical_at(DevicePtr va) const;
   // Address space reserved (reserve_address) and not yet freed.
   std::size_t reserved_address_bytes() const;
   std::size_t device_fences() const;
@@ -110,7 +127,24 @@ class SimBackend final : public SegmentBackend {
   std::map<StreamHandle, Stream> streams_;
   std::map<DevicePtr, std::size_t> segments_;
   std::map<DevicePtr, std::size_t> reservations_;
-  std::map<DevicePtr, std::size_t> mappings_;
+  struct Mapping {
+    std::size_t bytes = 0;
+    std::uint64_t physical = 0;  // the id of the physical allocation behind it
+  };
+  std::map<DevicePtr, Mapping> mappings_;
+  std::uint64_t next_physical_ = 1;
+  struct Access {
+    StreamHandle stream;
+    std::uint64_t seq;  // the stream's work item that makes it
+    DevicePtr ptr;
+    std::size_t bytes;
+  };
+  std::vector<Access> accesses_;  // queued, not yet run
+  bool capturing_ = false;
+  // Whether queued work still touches [va, va+bytes); under mutex_.
+  bool still_accessed(DevicePtr va, std::size_t bytes) const;
+  // Checks that [va, va+bytes) lies in a reservation and overlaps no mapping; under mutex_.
+  bool free_address_range(DevicePtr va, std::size_t bytes) const;
   std::size_t used_ = 0;
   DevicePtr next_fake_address_ = DevicePtr{1} << 44;
   std::map<SimOp, std::size_t> fail_countdown_;
@@ -119,6 +153,7 @@ class SimBackend final : public SegmentBackend {
   std::vector<std::pair<DevicePtr, std::size_t>> deferred_frees_;
   bool fences_stall_ = false;
   std::size_t segment_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0;
+  std::size_t remap_calls_ = 0, remapped_pages_ = 0, unsafe_unmaps_ = 0, bad_accesses_ = 0;
   std::size_t device_fences_ = 0, stream_fences_ = 0;
 };
 

@@ -31,7 +31,8 @@ constexpr std::size_t kMaxQuoted = 64;
 constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx, trace_clock, free_epoch_mb, thread_cache, max_pending_mb, single_stream";
+    "trace_stacks, trace_nvtx, trace_clock, free_epoch_mb, thread_cache, max_pending_mb, single_stream, "
+    "page_stitching";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -63,6 +64,7 @@ enum class Key : unsigned {
   kMaxPendingMb,
   kSingleStream,
   kTraceClock,
+  kPageStitching,
   kCount,
 };
 
@@ -71,7 +73,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
     "free_sync",           "trace_stacks",                 "trace_nvtx",
     "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
-    "single_stream",       "trace_clock",
+    "single_stream",       "trace_clock",                  "page_stitching",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -391,7 +393,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
     case Key::kFreeSync:
     case Key::kTraceNvtx:
     case Key::kThreadCache:
-    case Key::kSingleStream: {
+    case Key::kSingleStream:
+    case Key::kPageStitching: {
       bool v = false;
       if (!parse_bool(value, v)) {
         return conf_error(key, value, "expected true or false (any case)");
@@ -404,6 +407,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
         c.allocator.thread_cache = v;
       } else if (k == Key::kSingleStream) {
         c.single_stream = v;
+      } else if (k == Key::kPageStitching) {
+        c.allocator.page_stitching = v;
       } else {
         c.trace_nvtx = v;
       }
@@ -752,6 +757,8 @@ std::string describe(const Config& config) {
     s += " roundup_power2_divisions=" + format_roundup(a.roundup_power2_divisions);
     s += " expandable_segments=";
     s += a.expandable_segments ? "true" : "false";
+    s += " page_stitching=";
+    s += a.page_stitching ? "true" : "false";
     s += " per_process_memory_fraction=" + format_double(a.per_process_memory_fraction);
     s += " memory_limit_mb=";
     s += a.memory_limit_bytes == 0 ? "none" : format_mb(a.memory_limit_bytes);

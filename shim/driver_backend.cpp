@@ -699,4 +699,99 @@ Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
   return Status::kOk;
 }
 
+bool DriverBackend::can_remap() const { return !dead() && supports_virtual_memory() && !captures_.any(); }
+
+// One physical allocation per granule, so that remap() can move each page on its own; access is
+// set once for the whole range.
+Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes) {
+  if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  profile::Scope timed(profile::Site::kMap);
+  const DriverApi& d = driver();
+  CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
+  const CUmemAllocationProp prop = device_prop(device_);
+  const std::size_t g = vm_granularity();
+  std::vector<std::pair<DevicePtr, CUmemGenericAllocationHandle>> made;
+  const auto undo = [&] {
+    for (const auto& [p, h] : made) {
+      d.cuMemUnmap(static_cast<CUdeviceptr>(p), g);
+      d.cuMemRelease(h);
+    }
+  };
+  for (DevicePtr p = va; p < va + bytes; p += g) {
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d.cuMemCreate(&h, g, &prop, 0);
+    if (r == CUDA_SUCCESS) {
+      r = d.cuMemMap(static_cast<CUdeviceptr>(p), g, 0, h, 0);
+      if (r != CUDA_SUCCESS) d.cuMemRelease(h);
+    }
+    if (r != CUDA_SUCCESS) {
+      undo();
+      return to_status(r);
+    }
+    made.emplace_back(p, h);
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (const CUresult r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1); r != CUDA_SUCCESS) {
+    undo();
+    return to_status(r);
+  }
+  std::lock_guard lock(mutex_);
+  for (const auto& [p, h] : made) mapped_[p] = {g, h};
+  return Status::kOk;
+}
+
+Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to) {
+  if (!can_remap()) return Status::kBackendError;
+  const std::size_t g = vm_granularity();
+  std::vector<CUmemGenericAllocationHandle> handles;
+  {
+    std::lock_guard lock(mutex_);
+    for (DevicePtr p : from) {
+      const auto it = mapped_.find(p);
+      if (it == mapped_.end() || it->second.first != g) return Status::kInvalidValue;
+      handles.push_back(it->second.second);
+    }
+  }
+  profile::Scope timed(profile::Site::kMap);
+  const DriverApi& d = driver();
+  CurrentContext current(ctx_);
+  CUmemAccessDesc access{};
+  access.location = device_prop(device_).location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Page by page: unmapped at its old address, mapped at its new one. On a failure the pages
+  // already moved go back, so the allocator's view (nothing moved) stays true.
+  std::size_t moved = 0;
+  CUresult r = CUDA_SUCCESS;
+  for (; moved < from.size(); ++moved) {
+    const auto dst = static_cast<CUdeviceptr>(to + moved * g);
+    r = d.cuMemUnmap(static_cast<CUdeviceptr>(from[moved]), g);
+    if (r != CUDA_SUCCESS) break;
+    r = d.cuMemMap(dst, g, 0, handles[moved], 0);
+    if (r != CUDA_SUCCESS) {
+      map_handle(from[moved], g, handles[moved]);
+      break;
+    }
+  }
+  if (r == CUDA_SUCCESS) r = d.cuMemSetAccess(static_cast<CUdeviceptr>(to), from.size() * g, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    for (std::size_t i = 0; i < moved; ++i) {
+      d.cuMemUnmap(static_cast<CUdeviceptr>(to + i * g), g);
+      if (map_handle(from[i], g, handles[i]) != CUDA_SUCCESS) {
+        log_error("a page moved to 0x%llx could not be mapped back at 0x%llx after error %d",
+                  static_cast<unsigned long long>(to + i * g), static_cast<unsigned long long>(from[i]), r);
+      }
+    }
+    return to_status(r);
+  }
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    mapped_.erase(from[i]);
+    mapped_[to + i * g] = {g, handles[i]};
+  }
+  return Status::kOk;
+}
+
 }  // namespace cudalloc::shim

@@ -46,6 +46,9 @@ class DriverBackend final : public SegmentBackend {
   Status free_address(DevicePtr base, std::size_t bytes) override;
   Status map(DevicePtr va, std::size_t bytes) override;
   Status unmap(DevicePtr va, std::size_t bytes) override;
+  bool can_remap() const override;
+  Status map_pages(DevicePtr va, std::size_t bytes) override;
+  Status remap(const std::vector<DevicePtr>& from, DevicePtr to) override;
 
   // A non-blocking stream of this context (from the stream hooks); `helper`: a library's
   // helper stream (helper_streams.h).

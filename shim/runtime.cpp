@@ -66,8 +66,9 @@ const Runtime* init() {
   rt->passthrough = mode == CacheMode::kPassthrough;
   // One NVTX heap per segment; an expandable segment's chunks come and go inside one
   // reservation, which the heap model does not describe without more bookkeeping.
-  if (mode == CacheMode::kNvtx && rt->config.allocator.expandable_segments) {
+  if (mode == CacheMode::kNvtx && (rt->config.allocator.expandable_segments || rt->config.allocator.page_stitching)) {
     rt->config.allocator.expandable_segments = false;
+    rt->config.allocator.page_stitching = false;
     log_warn("CUDALLOC_SANITIZER=nvtx: expandable segments are turned off (plain segments are registered "
              "with NVTX)");
   }

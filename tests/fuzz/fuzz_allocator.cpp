@@ -6,7 +6,8 @@
 //           (none / 20 MiB / 40 MiB / 100 MiB), bit4 garbage_collection_threshold 0.5,
 //           bit5 a memory limit, bit6 roundup_power2_divisions 4, bit7 host memory behind
 //           pointers (then each block's first and last bytes carry its id and are checked)
-//   byte 1  device size: 64 MiB + byte * 8 MiB
+//   byte 1  device size: 64 MiB + byte * 8 MiB; its bit0, with expandable_segments, turns on
+//           page_stitching
 //   then ops, one opcode byte each followed by its operands (see the switch below).
 //
 // Checked after every step: live blocks are 512-aligned and never overlap; find() describes
@@ -317,7 +318,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (flags & 64) o.roundup_power2_divisions.fill(4);
   SimOptions so;
   so.host_memory = (flags & 128) != 0;
-  so.total_memory = 64 * kMiB + std::size_t{r.u8()} * 8 * kMiB;
+  const std::uint8_t size_byte = r.u8();
+  so.total_memory = 64 * kMiB + std::size_t{size_byte} * 8 * kMiB;
+  o.page_stitching = o.expandable_segments && (size_byte & 1) != 0;
   g_step = 0;
   Harness h(o, so);
   h.run(r);

@@ -36,6 +36,7 @@ AllocatorOptions random_options(std::mt19937_64& rng) {
   if (rng() % 4 == 0) o.per_process_memory_fraction = 0.5;
   o.thread_cache = rng() % 2 == 0;
   o.expandable_segments = rng() % 3 == 0;
+  o.page_stitching = o.expandable_segments && rng() % 2 == 0;
   return o;
 }
 

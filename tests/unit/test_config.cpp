@@ -572,7 +572,7 @@ TEST_CASE("process_env reads the process environment", "[config]") {
 TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
-        "roundup_power2_divisions=off expandable_segments=false per_process_memory_fraction=1 "
+        "roundup_power2_divisions=off expandable_segments=false page_stitching=false per_process_memory_fraction=1 "
         "memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
                              "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
@@ -590,7 +590,7 @@ TEST_CASE("describe", "[config]") {
   c.sanitizer = SanitizerMode::kNvtx;
   CHECK(describe(c) ==
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
-        "roundup_power2_divisions=[256:1,512:2,1024:4,>:8] expandable_segments=true "
+        "roundup_power2_divisions=[256:1,512:2,1024:4,>:8] expandable_segments=true page_stitching=false "
         "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true single_stream=true trace_stacks=8 "
         "trace_nvtx=true trace_clock=monotonic free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "

@@ -287,10 +287,13 @@ def _modules(torch):
 
         def forward(self, x):
             b, c, hh, ww = x.shape
-            qkv = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, hh * ww)
-            q, k, v = (t.transpose(-1, -2) for t in qkv.unbind(1))
-            out = attend(torch, q, k, v, causal=False)
-            return x + self.proj(out.transpose(-1, -2).reshape(b, c, hh, ww))
+            # Tokens first, then heads: q, k and v end with a contiguous head dimension, which
+            # the fused attention kernels need (else scaled_dot_product_attention falls back).
+            qkv = self.qkv(self.norm(x)).reshape(b, 3 * c, hh * ww).transpose(1, 2)
+            qkv = qkv.reshape(b, hh * ww, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+            out = attend(torch, qkv[0], qkv[1], qkv[2], causal=False)
+            out = out.transpose(1, 2).reshape(b, hh * ww, c).transpose(1, 2)
+            return x + self.proj(out.reshape(b, c, hh, ww))
 
     def upsample2x(x):
         # Nearest neighbour by expand: its backward is a sum, deterministic (the CUDA backward

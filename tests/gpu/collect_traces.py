@@ -1,6 +1,7 @@
 """Collects real allocation traces and PyTorch's own memory figures on a GPU (issue 4).
 
     python3 tests/gpu/collect_traces.py --out DIR [--workloads a,b] [--jobs N] [--timeout S]
+    python3 tests/gpu/collect_traces.py --out DIR --device cpu --tiny [--workloads a,b]
 
 For each workload, each in a fresh subprocess (so peaks and allocator settings never leak between
 runs), three settings:
@@ -14,6 +15,12 @@ Workloads are real models built from configs/constructors with random weights an
 (no downloads), a handful of steps with shapes that vary from step to step. The figures go to
 DIR/pytorch-figures.json (and stdout, as JSON); scripts/fragmentation-report reads that file
 and the pickles from data/traces/. Also runnable by hand: --worker WORKLOAD --setting S.
+
+The workloads of workloads.py (llama-train, convnext-train, unet-train, gru-seq2seq-train,
+llama-serve) run with deterministic kernels, as tests/gpu/torch_memory.py runs them, and their
+figures carry the per-step losses. --device cpu --tiny runs those at tiny dimensions for 2 steps
+on the CPU, through the same worker processes, to test their code where there is no GPU: no
+snapshot and no memory figures, and nothing written but DIR/collect.log.
 """
 import argparse
 import concurrent.futures
@@ -26,6 +33,8 @@ import sys
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import workloads  # noqa: E402
 
 # name -> (kind, description); the schedules are in the run_* functions below.
 WORKLOADS = {
@@ -42,12 +51,14 @@ WORKLOADS = {
                    "BERT-base (BertConfig defaults, sdpa attention), fp16, torch.no_grad, 16 "
                    "forwards, (batch, sequence) varied from (1,16) to (256,32) and (8,512)"),
 }
+WORKLOADS.update(workloads.NEW_WORKLOADS)
 
 SETTINGS = {
     "snapshot": {},
     "default": {},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
 }
+CPU_SETTING = "cpu"  # --device cpu: one run per workload, no allocator settings
 
 
 # --- workloads (run inside the worker process)
@@ -118,13 +129,35 @@ RUNNERS = {"gpt2-train": run_gpt2, "resnet50-train": run_resnet50, "vit-train": 
            "bert-infer": run_bert}
 
 
-def worker(workload, setting, out_dir):
+def run_workload(workload, torch, rt):
+    """Runs a workload; those of workloads.py record their losses and step times in rt (the
+    first four take torch only, and run on the GPU at full size)."""
+    if workload in workloads.NEW_RUNNERS:
+        workloads.NEW_RUNNERS[workload](torch, rt)
+    elif rt.device != "cuda" or rt.tiny:
+        raise SystemExit("%s runs on the GPU at full size only" % workload)
+    else:
+        RUNNERS[workload](torch)
+
+
+def worker(workload, setting, out_dir, device="cuda", tiny=False):
     import torch
-    torch.manual_seed(0)
+    if workload in workloads.NEW_RUNNERS:
+        workloads.prepare(torch, device)
+    else:
+        torch.manual_seed(0)
     t0 = time.time()
+    rt = workloads.Runtime(torch, device, tiny)
+    if device == "cpu":
+        run_workload(workload, torch, rt)
+        print("RESULT " + json.dumps({"workload": workload, "setting": setting, "tiny": tiny,
+                                      "losses": [v.hex() for v in rt.losses],
+                                      "step_ms": [round(1000 * t, 3) for t in rt.step_s],
+                                      "seconds": round(time.time() - t0, 1)}), flush=True)
+        return
     if setting == "snapshot":
         torch.cuda.memory._record_memory_history(context=None, max_entries=2_000_000)
-    RUNNERS[workload](torch)
+    run_workload(workload, torch, rt)
     torch.cuda.synchronize()
     stats = torch.cuda.memory_stats()
     res = {
@@ -140,6 +173,9 @@ def worker(workload, setting, out_dir):
         "seconds": None,
     }
     res["utilization"] = res["max_memory_allocated"] / res["max_memory_reserved"]
+    if rt.losses:
+        res.update(losses=[v.hex() for v in rt.losses], step_ms=[round(1000 * t, 3) for t in rt.step_s],
+                   tiny=tiny)
     if setting == "snapshot":
         path = os.path.join(out_dir, workload + ".pickle")
         torch.cuda.memory._dump_snapshot(path)
@@ -159,15 +195,17 @@ def worker(workload, setting, out_dir):
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def launch(workload, setting, out_dir, timeout):
+def launch(workload, setting, out_dir, timeout, extra=()):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
     env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     env.pop("LD_PRELOAD", None)
-    env.update(SETTINGS[setting])
+    env.update(SETTINGS.get(setting, {}))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cmd = [sys.executable, HERE, "--worker", workload, "--setting", setting, "--out", out_dir]
+    if workload in workloads.NEW_RUNNERS:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS (workloads.prepare)
+    cmd = [sys.executable, HERE, "--worker", workload, "--setting", setting, "--out", out_dir] + list(extra)
     t0 = time.time()
     try:
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -207,17 +245,30 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--jobs", type=int, default=4, help="runs at a time (separate processes)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: test the workloads' code only (needs --tiny)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny dimensions and 2 steps (the workloads of workloads.py)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--setting", choices=list(SETTINGS), help=argparse.SUPPRESS)
+    ap.add_argument("--setting", choices=list(SETTINGS) + [CPU_SETTING], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.device == "cpu" and not a.tiny:
+        ap.error("--device cpu needs --tiny (the full sizes are for the GPU)")
     os.makedirs(a.out, exist_ok=True)
     if a.worker:
-        worker(a.worker, a.setting, a.out)
+        worker(a.worker, a.setting, a.out, a.device, a.tiny)
         return 0
+    default_names = a.workloads == ap.get_default("workloads")
     names = [w for w in a.workloads.split(",") if w]
+    if a.tiny and default_names:
+        names = list(workloads.NEW_WORKLOADS)
     for w in names:
         if w not in WORKLOADS:
             ap.error("unknown workload %s (one of %s)" % (w, ", ".join(WORKLOADS)))
+        if a.tiny and w not in workloads.NEW_WORKLOADS:
+            ap.error("%s has no tiny size (those with one: %s)" % (w, ", ".join(workloads.NEW_WORKLOADS)))
+    if a.device == "cpu":
+        return cpu_check(names, a)
     started = datetime.datetime.now(datetime.timezone.utc)
     doc = {"date": started.strftime("%Y-%m-%d"), "started_utc": started.isoformat(timespec="seconds"),
            "machine": gpu_info(),
@@ -227,9 +278,10 @@ def main():
         doc["workloads"][w] = {"kind": WORKLOADS[w][0], "description": WORKLOADS[w][1],
                                "trace": w + ".pickle.gz", "settings": {}}
     jobs = [(w, s) for w in names for s in SETTINGS]
+    extra = ["--tiny"] if a.tiny else []
     log = open(os.path.join(a.out, "collect.log"), "w")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
-        futs = {ex.submit(launch, w, s, a.out, a.timeout): (w, s) for w, s in jobs}
+        futs = {ex.submit(launch, w, s, a.out, a.timeout, extra): (w, s) for w, s in jobs}
         for f in concurrent.futures.as_completed(futs):
             w, s = futs[f]
             res, text = f.result()
@@ -247,6 +299,23 @@ def main():
     print(json.dumps(doc, indent=1, sort_keys=True))
     return 0 if all("error" not in r for w in doc["workloads"].values()
                     for r in w["settings"].values()) else 1
+
+
+def cpu_check(names, a):
+    """--device cpu --tiny: each workload once, in its own worker process as on the GPU; prints
+    each one's losses and exits 1 if any failed or gave a loss that is not finite."""
+    failed = 0
+    with open(os.path.join(a.out, "collect.log"), "w") as log:
+        for w in names:
+            res, text = launch(w, CPU_SETTING, a.out, a.timeout, ["--device", "cpu", "--tiny"])
+            log.write("==== %s %s\n%s\n" % (w, CPU_SETTING, text))
+            losses = [float.fromhex(v) for v in res.get("losses", [])]
+            ok = "error" not in res and len(losses) >= 2 and all(l == l and abs(l) != float("inf")
+                                                                  for l in losses)
+            failed += not ok
+            print("%s %s: %s" % ("ok" if ok else "FAIL", w, res.get("error") or "losses %s, %.1fs" % (
+                " ".join(res.get("losses", [])), res["seconds"])), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

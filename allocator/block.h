@@ -44,9 +44,8 @@ class RelaxedCell {
 using BlockStateCell = RelaxedCell<BlockState>;
 
 // A contiguous piece of a segment. Blocks of a segment form an address-ordered list.
-// A cache line of its own: threads of cudaMalloc take neighbouring blocks of one segment
-// (core_pairs, 2 threads of cudaMalloc+cudaFree on a 2-core machine: 30M pairs/s with shared
-// lines, 33-44M without).
+// A cache line of its own: threads of cudaMalloc take neighbouring blocks of one segment, and
+// blocks sharing a line would make their threads invalidate each other's lines.
 //
 // The first line holds what a cached allocate, free and refill read and write; the links and
 // the segment, which only the locked path follows, are on the second. (A cudaFree'd block waits

@@ -1,6 +1,6 @@
 // Free blocks of one pool (small or large), ordered for best fit in O(log n). Used under the
 // device lock only. (Tree nodes from a std::pmr pool cost more instructions than malloc's
-// thread cache: measured with callgrind, so plain std::set stays.) Each node holds its block's
+// thread cache, so plain std::set stays.) Each node holds its block's
 // key, so a descent reads tree nodes only: comparing through Block pointers touched one more
 // scattered cache line per level, which is what a pool of many free blocks pays for.
 // A block's stream, size and address must not change while it is in the pool.

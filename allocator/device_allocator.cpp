@@ -65,13 +65,13 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
 
 // cudaFree'd large blocks wait in the open epoch, out of the pool's best fit: the pool then
 // splits a bigger free block for a request that one of them would have served, and the waste
-// piles up (gpt2-train replayed as cudaMalloc/cudaFree with the device keeping up: utilization
-// 0.738, against 0.978 with the same frees in stream order). So when the best fit `fit` would
+// piles up (a training trace replayed as cudaMalloc/cudaFree, the device keeping up, used its
+// reserved memory far worse than with the same frees in stream order). So when the best fit `fit` would
 // be split and the epoch holds a block that could serve, the epoch is closed now, provided the
 // device has passed the fence of the epoch closed before: it keeps up, so this fence is likely
 // passed at once. Returns the best fit after that.
 // Not when nothing fits: closing then made a loop of cudaMalloc/cudaFree pairs record a fence
-// per pair (H200: a 16 MiB pair took 1.5-1.7 us against 0.4-0.7) and gained the replays
+// per pair (a driver call per pair, several times the pair's cost) and gained the replays
 // nothing. Behind a lagging device, closing at every such request only adds fences.
 Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   const PoolKind kind = PoolKind::kLarge;
@@ -108,10 +108,9 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // Small blocks parked in this thread's cache go back to the pools before new small memory
     // is cut, and every thread's when that memory would be short. Draining every thread on
     // every miss kept the others from closing batches of their own (their open cudaFree
-    // batches went to the epoch), so each miss caused more: on the H100 host 8 threads of
-    // cudaMalloc+cudaFree pairs ran at 0.3M pairs/s with 256-block batches, 6.9-7.3M without.
-    // Other threads' parked blocks may cost a program a few more segments (PyTorch gpt2 with
-    // its cache off: ~30 more 2 MiB segments in 10 steps). Small blocks cannot serve a large
+    // batches went to the epoch), so each miss caused more: threads of cudaMalloc+cudaFree
+    // pairs then ran over twenty times slower. Other threads' parked blocks may cost a program a
+    // few more small segments. Small blocks cannot serve a large
     // request (the pools do not share segments), so a large miss leaves the small bins warm.
     // A bridge (allocate_missed) keeps the thread's cache: draining it would restart the
     // thread's pipeline, which the bridge is there to deepen.

@@ -41,8 +41,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::atomic<AllocatorObserver*> observer{nullptr};
   // The fields above are read by every cached allocate and free; the lock and what it guards
   // start on a line of their own, so that a thread on the locked path does not make every
-  // other thread's next read of `observer` a miss (H100 host, 8 threads of cudaMalloc pairs:
-  // that load was a tenth of allocate's and free's samples).
+  // other thread's next read of `observer` a miss (a visible share of every cached allocate
+  // and free under many threads).
   alignas(64) DeviceMutex mutex;
 
   MemoryStats stats;

@@ -1,9 +1,8 @@
 // The device allocator's lock. Its holders run the locked ladder for a few hundred
 // nanoseconds, so a thread that finds it taken spins a little before it sleeps (glibc's adaptive
-// mutex) rather than paying a futex sleep and wake-up each time. H200 host, 4 interleaved
-// rounds of core_pairs cudaFree_16MiB (two locked trips a pair): 8 threads 0.48-0.51M pairs/s
-// against 0.39-0.43M with std::mutex, 16 threads 0.35-0.39M against 0.31-0.32M, one thread
-// unchanged (about 5M). Contended, the locked path is still a convoy.
+// mutex) rather than paying a futex sleep and wake-up each time: with many threads taking the
+// locked path at once (core_pairs cudaFree_16MiB) that beats std::mutex, and costs one thread
+// nothing. Contended, the locked path is still a convoy.
 #pragma once
 
 #include <pthread.h>

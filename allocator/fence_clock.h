@@ -7,10 +7,10 @@
 // (passed()); either way the others find it. That keeps event records (which the driver
 // serializes) few under many threads.
 //
-// Recording and querying are driver calls of microseconds: they run outside the spin lock,
-// which only guards the bookkeeping. A ticket's stamp and the answer "already past" take no
-// lock: under 8 threads of cudaMalloc pairs on the H100 host, spinning on this lock was half of
-// the samples of a thread-cache refill.
+// Recording and querying are driver calls that cost far more than a cached pair: they run
+// outside the spin lock, which only guards the bookkeeping. A ticket's stamp and the answer
+// "already past" take no lock: under many threads of cudaMalloc pairs, spinning on this lock
+// was most of what a thread-cache refill cost.
 #pragma once
 
 #include <algorithm>
@@ -35,11 +35,10 @@ class FenceClock {
   // Whether every batch up to `ticket` is past its fence (or behind one that orders reuse,
   // backend.h). Records a device fence if none covering `ticket` exists yet. Never waits for the
   // device; it does wait for another thread that is recording or querying the fence that would
-  // answer (a driver call of a microsecond or so, longer under many threads). Answering "not
-  // yet" instead sends the caller's allocation to the device lock, where a small miss that finds
-  // nothing in the pools drains the thread's cache, whose pipeline then fills again: on the
-  // H100 host, 8 threads of cudaMalloc pairs took the lock 3,300-5,200 times in 3.2M pairs past
-  // the filling.
+  // answer (one driver call, longer under many threads). Answering "not yet" instead sends the
+  // caller's allocation to the device lock, where a small miss that finds nothing in the pools
+  // drains the thread's cache, whose pipeline then fills again: under many threads of cudaMalloc
+  // pairs that put thousands of allocations on the lock that the thread caches should serve.
   bool passed(std::uint64_t ticket, SegmentBackend& backend) {
     if (passed_now(ticket)) return true;
     wait_for_recording(ticket);  // its fence may cover `ticket`
@@ -49,11 +48,11 @@ class FenceClock {
 
   // passed() for a caller that has something better to do than wait while another thread
   // records the fence that will cover `ticket`: kBusy then. (A recording is the long wait:
-  // under 8 threads of cudaMalloc pairs, each on a stream of its own, fences are recorded back
-  // to back, about 5 us each, and every thread needs the batch it has just closed. On the H200
-  // host, yielding was 22-36% of the samples (perf), two thirds of it in these waits. A query
-  // of another thread's is still waited for: one driver call.) kNotYet: the fence covering
-  // `ticket` is not done.
+  // under many threads of cudaMalloc pairs, each on a stream of its own, fences are recorded
+  // back to back, each a driver call per stream, and every thread needs the batch it has just
+  // closed; waiting for them was a large share of those threads' time. A query of another
+  // thread's is still waited for: one driver call.) kNotYet: the fence covering `ticket` is not
+  // done.
   enum class Answer { kPassed, kNotYet, kBusy };
   Answer try_passed(std::uint64_t ticket, SegmentBackend& backend) {
     if (known_past(ticket)) return Answer::kPassed;

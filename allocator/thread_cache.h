@@ -62,8 +62,8 @@ class ThreadCache {
   static constexpr std::size_t kLargeHeldBytes = kLargeBytes;
   // Once a cudaFree'd large block finds the device lock taken, the thread's next this many such
   // frees skip the lock too, so that under contention it keeps a pipeline of them (its large
-  // misses refill from it) rather than send every other one through the lock (2 threads on the
-  // development machine: 22-25% of the pairs deferred, and no faster).
+  // misses refill from it) rather than send every other one through the lock (deferring only
+  // the frees that met the lock taken left most pairs on the lock, and was no faster).
   static constexpr std::uint32_t kLargeDeferRun = 32;
 
   struct Batch {
@@ -214,8 +214,8 @@ class ThreadCache {
   // (fold_into). Every locked operation folds every thread's delta, skipping a cache whose delta
   // has not changed since its last fold without taking its lock (changed()): threads that only
   // meet the locked path (cudaFree'd large blocks) otherwise took each other's cache locks on
-  // every operation, a cache-line miss per thread and operation (8 threads of 16 MiB cudaFree
-  // pairs ran at a sixth of one thread's rate; merge_deltas was 13% of 2 threads' samples).
+  // every operation, a cache-line miss per thread and operation (threads of large cudaFree pairs
+  // then ran slower together than one thread alone).
   HotStats& delta() {
     mark_changed();
     return delta_;

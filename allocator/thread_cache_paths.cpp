@@ -21,7 +21,7 @@ using Impl = DeviceAllocator::Impl;
 
 // Whether a large block, reusable at once, goes to the freeing thread's bins: only a whole plain
 // segment freed by the thread that took it. A whole segment has no neighbours to keep from
-// coalescing (parking split blocks cost vit-train's replay 1.1% of utilization: the bins hand
+// coalescing (parking split blocks cost the replays utilization: the bins hand
 // back the last block freed, where the pool picks the best fit). One freed by a consumer thread
 // that never allocates its size would sit in that thread's bins. (The size test reads no links
 // that the locked path may be changing.)
@@ -446,9 +446,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // thread's batches, as small ones do, within kLargeHeldBytes, and the thread's large misses
 // refill from them (allocate_missed). Only under contention, so that a program whose frees
 // meet an idle lock keeps the epoch's coalescing and early fencing (reach_epoch): the
-// --as-cudamalloc replays lost up to 8% of utilization (bert-infer) with every such block in
-// the batches. Contended, each pair took the lock twice: 8 threads of 16 MiB cudaMalloc pairs
-// ran at a sixth of one thread's rate.
+// --as-cudamalloc replays lost utilization with every such block in the batches. Contended,
+// each pair took the lock twice, and threads of large cudaMalloc pairs ran slower together than
+// one thread alone.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
                                                    bool local) {
   if (cache.in_large_defer_run()) {

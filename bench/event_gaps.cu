@@ -1,6 +1,6 @@
 // What an event record between two kernels costs the GPU: the question behind cudalloc's device
-// fences in GPU-bound PyTorch steps (resnet50 batch 128 records about 128 fences a step, each an
-// event on the legacy stream between the step's kernels; docs/benchmarks.md).
+// fences in GPU-bound PyTorch steps (a large-batch training step records a fence every few
+// kernels, each an event on the legacy stream between the step's kernels).
 //   event_gaps [--kernels N] [--rounds R]
 // For each kernel length, queues a 30 ms blocker, then N kernels that fill the GPU (4 blocks of
 // 256 threads per SM, each spinning for the length), on the legacy stream, and times them with

@@ -1,6 +1,5 @@
 // What the driver calls behind a device fence cost, from 1 and from T threads at once: the
-// calls cudalloc makes to fence a batch of cudaFree'd blocks (docs/benchmarks.md, "What a
-// device fence costs under threads").
+// calls cudalloc makes to fence a batch of cudaFree'd blocks (FenceClock, fence_clock.h).
 //   fence_calls [--threads T] [--iters N]
 // Each thread owns a non-blocking stream, as bench_pairs' threads do, and times, in turn:
 //   stream_query   cuStreamQuery of its idle stream (how a fence skips an idle stream)

@@ -4,7 +4,7 @@
 //   pairs [--async] --threads-ab A,B [--iters N] [--rounds R] [--no-streams]
 //   pairs [--async] --threads-seq N [--iters N] [--rounds R] [--no-streams] [--private]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
-// pairs, so the clock's own ~20 ns is not counted as allocator time), or for --mix the median
+// pairs, so the clock's own cost is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
 // log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
 // its own non-blocking stream and the line gives the total throughput in pairs per second;
@@ -15,8 +15,8 @@
 // --vs-pool times cudaMallocAsync pairs and cudaMallocFromPoolAsync pairs on the device's default
 // pool in one process, in alternating blocks: under cudalloc the first are cudalloc's and the
 // second the driver's pool (cudalloc passes pool allocations through), so both run on the same
-// vCPU at the same time. The GPU machine's vCPUs run the same instructions at speeds up to 2x
-// apart, and separate processes drew different ones (docs/benchmarks.md, stop 27). Natively both
+// vCPU at the same time. A virtual machine's vCPUs can run the same instructions at very
+// different speeds, and separate processes draw different ones (docs/benchmarks.md). Natively both
 // are the pool, which checks that the two calls cost the same.
 // --threads-ab A,B runs the --threads loop with A threads, then B, alternating for R rounds in one
 // process, and gives each count's median and their ratio.
@@ -100,8 +100,8 @@ constexpr int kWindow = 8;
 // A fixed piece of CPU work with no CUDA in it, timed around each --repeat timing: four
 // independent xorshift chains updating a 16 KiB table, so that it is bound by the core's
 // throughput, as an allocator's hot path is, and slows when the host runs another thread on
-// the same core. (A single dependent chain hardly does: on the development machine a busy
-// sibling left it at 1.8-2.0 ns and took this one from 2.7 to 3.4-3.6 ns.)
+// the same core. (A single dependent chain hardly does: a busy sibling thread leaves it almost
+// unchanged, while it slows this one markedly.)
 static double reference_ns() {
   constexpr int kIters = 200000;
   static std::vector<uint64_t> table(2048);
@@ -338,8 +338,8 @@ static void threads_ab(int a, int b, size_t size, bool async, int iters, bool st
 // The same `n` threads, each pinned to its own vCPU (pick_cpus), run one at a time and then all
 // at once, alternating for `rounds` rounds (the order flips each round): what running together
 // gives, on the vCPUs that run it. (1 thread against 8, as --threads-ab times it, compares the
-// one vCPU the lone thread drew with eight others: the GPU machine's vCPUs run the same loop at
-// speeds up to 2x apart.)
+// one vCPU the lone thread drew with eight others: a virtual machine's vCPUs can run the same
+// loop at very different speeds.)
 static int threads_seq(int n, size_t size, bool async, int iters, bool streams, int rounds) {
   const std::vector<int> cpus = pick_cpus(n);
   if (cpus.empty()) {

@@ -1,7 +1,7 @@
 // A cached allocate+free pair through the preloaded shim, without a GPU: the program looks the
 // fake driver (tests/fake_driver) up as the CUDA runtime does and calls what it got, so the
-// figures cover the shim and the core but not the runtime or a real driver. For profiling on
-// the development machine (one command line):
+// figures cover the shim and the core but not the runtime or a real driver. For profiling on a
+// machine without a GPU (one command line):
 //   LD_PRELOAD=build/shim/libcudalloc.so LD_LIBRARY_PATH=build/tests/fake_driver
 //   FAKE_CUDA_LOOKUP_TSV=tests/fake_driver/cudart13-driver-lookups.tsv build/bench/shim_pairs
 // --threads T: T threads, each on a non-blocking stream of its own (as bench/pairs.cu's), run

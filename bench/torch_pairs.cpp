@@ -51,8 +51,8 @@ static cudaStream_t pool_stream(bool on) {
   return on ? c10::cuda::getStreamFromPool(false).stream() : nullptr;
 }
 
-// Timed in windows of kWindow pairs, as pairs.cu does, so that the clock's own ~20 ns is not
-// counted as allocator time.
+// Timed in windows of kWindow pairs, as pairs.cu does, so that the clock's own cost, a sizable
+// part of a cached pair, is not counted as allocator time.
 constexpr int kWindow = 8;
 
 static void pairs(size_t size, bool on_stream, int iters) {

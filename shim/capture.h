@@ -69,8 +69,8 @@ class CaptureTracker {
 
  private:
   // Lines of their own: every cudaFree and async call reads active_, and every device fence
-  // (each thread's, under 8 threads of cudaMalloc pairs thousands a second) takes mutex_.
-  // Sharing a line, the reads missed: 3.8 ns a pair on the H200 host's perf profile.
+  // (each thread's; under many threads of cudaMalloc pairs, thousands a second) takes mutex_.
+  // Sharing a line, every cached pair's read of active_ missed.
   alignas(64) std::atomic<int> active_{0};
   alignas(64) std::mutex mutex_;
   std::vector<StreamInfo*> capturing_;

@@ -95,7 +95,7 @@ CUDALLOC_NOINLINE ContextState* ContextRegistry::in_green(const ContextList::Ali
     StreamInfo* s = *stream;
     if (s->kind == StreamInfo::Kind::kLegacy) *stream = a.legacy;
     // A green context has no per-thread default stream: the driver refuses every call that
-    // names it (CUDA_ERROR_INVALID_HANDLE on an H100, driver 580.159.04).
+    // names it (CUDA_ERROR_INVALID_HANDLE, as driver 580 answers).
     if (s->kind == StreamInfo::Kind::kPerThread) *stream = nullptr;
   }
   return a.state;

@@ -1,8 +1,8 @@
 // Streams that a library creates for its own use and orders with its caller's stream.
 //
 // cuDNN creates 16 non-blocking streams in cudnnCreate and more at its first convolution;
-// cuBLASLt creates a blocking one at its first matmul heuristic (both seen on an H200 with
-// PyTorch 2.11). They run parts of one library call in parallel: the library forks onto them
+// cuBLASLt creates a blocking one at its first matmul heuristic (both as shipped with PyTorch
+// 2.11). They run parts of one library call in parallel: the library forks onto them
 // from the stream its handle was given (an event there, waited for on the helper) and joins
 // back before the call returns, as their stream semantics require (all work of a call on the
 // handle's stream). Work on such a stream is therefore ordered with the caller's stream, and

@@ -94,7 +94,7 @@ CUDALLOC_EXPORT CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned i
 
 // A green context's streams (always non-blocking) belong to the green context, whose memory
 // is its device's primary context's (hooks_context.cpp): that context's device fences record
-// on them too (the H200 takes the primary context's events there).
+// on them too (the driver takes the primary context's events there).
 CUDALLOC_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
                                                 int priority) {
   ProcessState* ps = caching_state();

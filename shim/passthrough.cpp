@@ -7,8 +7,8 @@ namespace cudalloc::shim {
 namespace {
 
 // What CUDALLOC_SANITIZER=auto (the default) does under the sanitizer: keep caching and
-// register with NVTX, which memcheck on an H200 showed reports overflows against the requested
-// size, reused blocks included, with no false positive (scripts/gpu-test sanitizer_nvtx_*).
+// register with NVTX, with which memcheck reports overflows against the requested size, reused
+// blocks included, with no false positive (scripts/gpu-test sanitizer_nvtx_* checks it).
 // Without an NVTX tool to register with, nvtx mode falls back to passthrough.
 constexpr CacheMode kAutoUnderSanitizer = CacheMode::kNvtx;
 

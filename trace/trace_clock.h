@@ -3,8 +3,8 @@
 // An allocating thread stamps its record with raw ticks; the writer thread turns ticks into the
 // trace's ts_ns (nanoseconds of CLOCK_MONOTONIC since cudalloc was loaded). Where the kernel
 // itself keeps time with the TSC, having checked that it is invariant and agrees across CPUs, a
-// tick is a TSC count: on the H100 host RDTSCP took 33 ns against 46 ns for clock_gettime
-// (bench_pairs --probe), and a traced pair stamps two records. Elsewhere, or with trace_clock:monotonic, a tick is a
+// tick is a TSC count: RDTSCP is cheaper than clock_gettime (bench_pairs --probe compares
+// them), and a traced pair stamps two records. Elsewhere, or with trace_clock:monotonic, a tick is a
 // nanosecond of CLOCK_MONOTONIC and the conversion is the identity (never going back, as below).
 #pragma once
 
@@ -50,7 +50,7 @@ class TraceClock {
   }
 
   // For a record whose causes were all recorded by this thread (AllocatorEvent::local): RDTSC
-  // does not wait for earlier loads, which RDTSCP spends ~15 ns of a record on. The thread's
+  // does not wait for earlier loads, which is a good part of what RDTSCP costs a record. The thread's
   // own order is kept by its lane, and the writer keeps the stamp from going below the lane's
   // previous one.
   std::int64_t stamp_local() const noexcept {

@@ -595,7 +595,7 @@ CUresult resolve_stream_locked(CUstream h, bool ptds, std::shared_ptr<Stream>* o
         if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
         if (h == CU_STREAM_PER_THREAD || (h == nullptr && ptds)) {
             // A green context has no per-thread stream: the driver refuses every call naming it
-            // (H100, driver 580.159.04).
+            // (driver 580).
             if (ctx->green_of) return CUDA_ERROR_INVALID_HANDLE;
             *out = per_thread_stream_locked(ctx);
         } else {
@@ -1932,8 +1932,8 @@ FK_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent h, CUstream s, unsig
 
 // One event for all the work queued so far in a context, whatever its stream, destroyed
 // streams' included, and for a primary context its green contexts' too; a capture on any of
-// its streams makes it fail and is invalidated (what the driver does: tests/gpu/ctx_event_probe on
-// an H200, driver 580.159.04). $FAKE_CUDA_NO_CTX_EVENTS=1: refused, as by a driver before 12.5.
+// its streams makes it fail and is invalidated (what the driver does: tests/gpu/ctx_event_probe,
+// driver 580). $FAKE_CUDA_NO_CTX_EVENTS=1: refused, as by a driver before 12.5.
 FK_API CUresult CUDAAPI cuCtxRecordEvent(CUcontext hctx, CUevent h) {
     FK_ENTER();
     if (env_size("FAKE_CUDA_NO_CTX_EVENTS", 0) != 0) return CUDA_ERROR_NOT_SUPPORTED;

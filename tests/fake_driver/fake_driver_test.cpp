@@ -422,7 +422,7 @@ TEST_CASE("legacy stream vs blocking and non-blocking streams", "[streams]") {
     REQUIRE(cuStreamDestroy_v2(nonblocking) == CUDA_SUCCESS);
 }
 
-// What tests/gpu/ctx_event_probe found on an H200 (driver 580.159.04).
+// What tests/gpu/ctx_event_probe finds on a real GPU (driver 580).
 TEST_CASE("cuCtxRecordEvent waits for the work of every stream, and only for work queued before it", "[streams]") {
     FN(cuStreamCreate);
     FN(cuStreamDestroy_v2);

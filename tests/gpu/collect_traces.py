@@ -1,4 +1,4 @@
-"""Collects real allocation traces and PyTorch's own memory figures on a GPU (issue 4).
+"""Collects real allocation traces and PyTorch's own memory figures on a GPU.
 
     python3 tests/gpu/collect_traces.py --out DIR [--workloads a,b] [--jobs N] [--timeout S]
     python3 tests/gpu/collect_traces.py --out DIR --device cpu --tiny [--workloads a,b]

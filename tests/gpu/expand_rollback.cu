@@ -17,7 +17,7 @@ int main() {
   CHECK_CUDA(cudaDeviceSynchronize());
 
   // Take the device's memory from a pool of the program's own (cudaMallocFromPoolAsync goes to
-  // the driver untouched; unmapped cuMemCreate handles did not hold memory back on the H200):
+  // the driver untouched; unmapped cuMemCreate handles do not hold memory back):
   // 1 GiB pieces, then 64 MiB pieces, until the driver says no.
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;

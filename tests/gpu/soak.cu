@@ -173,7 +173,7 @@ int main() {
               threads, took, (unsigned long long)seed, t.ops.load(), t.allocs.load(), t.bytes.load() / 1073741824.0,
               t.checks.load(), t.late.load(), t.ooms.load(), *bad, lost);
   // cudaMemGetInfo under cudalloc counts cached memory as free. The driver keeps a few MiB of
-  // its own after this much work on a dozen streams (6 MiB on an H200, natively and with cudalloc), hence the slack.
+  // its own after this much work on a dozen streams (natively and with cudalloc alike), hence the slack.
   const long long slack = (long long)env_num("SOAK_SLACK_MB", 32) << 20;
   return *bad == 0 && lost <= slack ? 0 : 1;
 }

@@ -10,8 +10,8 @@
 //                  keeps the stream, detached; cuGreenCtxDestroy's documentation): the primary
 //                  context's device fences must still record, so freed blocks are reused.
 //   per_thread     a green context has no per-thread default stream: the driver refuses every
-//                  call that names it (CUDA_ERROR_INVALID_HANDLE on an H100, driver
-//                  580.159.04), CU_STREAM_PER_THREAD or stream 0 through a _ptsz entry point.
+//                  call that names it (CUDA_ERROR_INVALID_HANDLE, as driver 580
+//                  answers), CU_STREAM_PER_THREAD or stream 0 through a _ptsz entry point.
 //                  cudalloc gives the same answer, allocates nothing, and frees nothing: the
 //                  block stays the program's, intact.
 #include <unistd.h>

@@ -209,7 +209,7 @@ TEST_CASE("max_split_size_mb does not stop an expandable segment from serving re
 }
 
 TEST_CASE("a live block in the middle leaves room for a large request once free chunks go back") {
-  // Regression (found on an H200): with the address range sized to the limit, the space after
+  // Regression (found on a GPU): with the address range sized to the limit, the space after
   // a live block was too short for a large request even though the limit allowed it.
   Fixture f(64 * kMiB, 1 * kGiB);
   std::vector<DevicePtr> blocks;

@@ -100,6 +100,21 @@ std::vector<ExpandableSegments::PageRun> ExpandableSegments::free_page_runs(cons
 bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
   const std::size_t g = backend_.vm_granularity();
   const std::size_t pages = need / g;
+  // Below the most ever held, new memory raises no peak and costs fewer calls than moving pages
+  // (each its own unmap and map); a program that cycles through the same shapes settles there.
+  if (segments_.bytes() + need <= high_water_ && ledger_.claim(need)) {
+    if (const Status st = backend_.map_pages(u->ptr, need); st != Status::kOk) {
+      ledger_.unclaim(need);
+      ledger_.note_device_error(st);
+      return false;
+    }
+    for (std::size_t i = 0; i < pages; ++i) s->chunks.emplace(u->ptr + i * g, g);
+    segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
+    const DevicePtr at = u->ptr;
+    mapped_at(s, u, need);
+    ledger_.note_device_alloc(s->pool, s->stream, at, need);
+    return true;
+  }
   std::vector<PageRun> runs = backend_.can_remap() ? free_page_runs(u->prev) : std::vector<PageRun>{};
   std::vector<PageRun> take;
   std::size_t have = 0;
@@ -185,6 +200,7 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
   mapped_at(s, u, need);
   if (have > 0) ledger_.note_pages_in(s->pool, s->stream, at, have * g);
   if (fresh > 0) ledger_.note_device_alloc(s->pool, s->stream, at + have * g, fresh * g);
+  high_water_ = std::max(high_water_, segments_.bytes());
   return true;
 }
 

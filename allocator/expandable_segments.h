@@ -108,6 +108,7 @@ class ExpandableSegments {
   std::map<std::pair<StreamHandle, PoolKind>, Segment*> by_key_;
   const PageStitching stitching_;
   UnmapClock clock_;
+  std::size_t high_water_ = 0;  // the most memory stitching growth has held
 };
 
 }  // namespace cudalloc

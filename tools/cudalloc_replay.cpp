@@ -269,6 +269,8 @@ struct ReplayResult {
   std::int64_t stats_peak_reserved = 0;
   std::int64_t device_allocs = 0;
   std::int64_t device_frees = 0;
+  std::int64_t remaps = 0;          // page stitching: growths that moved free pages
+  std::int64_t remapped_pages = 0;
   std::int64_t cache_hits = 0;
   std::int64_t cache_misses = 0;
   std::uint64_t ooms = 0;
@@ -350,6 +352,8 @@ ReplayResult replay(const Trace& t, const AllocatorOptions& options, std::size_t
   r.peak_segments = st.segment[kStatAll].peak;
   r.device_allocs = st.num_device_alloc;
   r.device_frees = st.num_device_free;
+  r.remaps = st.num_remaps;
+  r.remapped_pages = st.num_remapped_pages;
   r.cache_hits = st.num_cache_hits;
   r.cache_misses = st.num_cache_misses;
   r.allocated_at_end = st.allocated_bytes[kStatAll].current;
@@ -410,6 +414,10 @@ struct Row {
 double utilization(const ReplayResult& r) {
   return r.peak_reserved > 0 ? double(r.peak_allocated) / double(r.peak_reserved) : 0.0;
 }
+
+// Segment allocations and frees (each map and unmap with expandable segments), and each growth
+// that moved free pages (page stitching).
+std::int64_t device_calls(const ReplayResult& r) { return r.device_allocs + r.device_frees + r.remaps; }
 double hit_rate(const ReplayResult& r) {
   const auto n = r.cache_hits + r.cache_misses;
   return n > 0 ? double(r.cache_hits) / double(n) : 0.0;
@@ -477,7 +485,7 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
                                   format_bytes(std::uint64_t(row.r.peak_reserved)),
                                   fmt("%.1f%%", 100.0 * utilization(row.r)),
                                   std::to_string(row.r.peak_segments),
-                                  std::to_string(row.r.device_allocs + row.r.device_frees),
+                                  std::to_string(device_calls(row.r)),
                                   std::to_string(row.r.ooms),
                                   fmt("%.1f%%", 100.0 * hit_rate(row.r))};
     if (o.min_memory) {
@@ -503,7 +511,7 @@ void print_table(const Options& o, const Trace& t, const std::vector<Row>& rows)
     }
   }
   std::printf("\nutilization = peak allocated / peak reserved; segments = peak segment count; "
-              "device calls = segment allocations + frees\n");
+              "device calls = segment allocations + frees (+ page moves)\n");
   if (o.device.gpu_lag != 0) {
     std::printf("fence waits (a miss waiting for the device, max_pending_mb):");
     for (const Row& row : rows) std::printf(" %s %lld;", row.setting.c_str(), (long long)row.r.pending_waits);
@@ -531,14 +539,16 @@ void print_json(const Options& o, const Trace& t, const std::vector<Row>& rows) 
                 "\"device_allocs\": %lld, \"device_frees\": %lld, \"oom_events\": %llu, \"cache_hits\": %lld, "
                 "\"cache_misses\": %lld, \"cache_hit_rate\": %.6f, \"skipped_frees\": %llu, "
                 "\"allocated_at_end\": %lld, \"reserved_at_end\": %lld, \"limit\": %zu, "
-                "\"stats_peak_allocated\": %lld, \"stats_peak_reserved\": %lld, \"pending_waits\": %lld",
+                "\"stats_peak_allocated\": %lld, \"stats_peak_reserved\": %lld, \"pending_waits\": %lld, "
+                "\"remaps\": %lld, \"remapped_pages\": %lld",
                 json_escape(row.setting).c_str(), (long long)r.peak_allocated, (long long)r.peak_reserved,
                 (long long)r.peak_requested, utilization(r), (long long)r.peak_segments,
-                (long long)(r.device_allocs + r.device_frees), (long long)r.device_allocs,
+                (long long)device_calls(r), (long long)r.device_allocs,
                 (long long)r.device_frees, (unsigned long long)r.ooms, (long long)r.cache_hits,
                 (long long)r.cache_misses, hit_rate(r), (unsigned long long)r.skipped_frees,
                 (long long)r.allocated_at_end, (long long)r.reserved_at_end, r.limit,
-                (long long)r.stats_peak_allocated, (long long)r.stats_peak_reserved, (long long)r.pending_waits);
+                (long long)r.stats_peak_allocated, (long long)r.stats_peak_reserved, (long long)r.pending_waits,
+                (long long)r.remaps, (long long)r.remapped_pages);
     if (row.min) {
       if (row.min->bytes) std::printf(", \"min_memory\": %zu", *row.min->bytes);
       else std::printf(", \"min_memory\": null");
@@ -557,7 +567,7 @@ void print_csv(const Options& o, const std::vector<Row>& rows) {
     const ReplayResult& r = row.r;
     std::printf("%s,%lld,%lld,%.6f,%lld,%lld,%llu,%.6f", csv_field(row.setting).c_str(),
                 (long long)r.peak_allocated, (long long)r.peak_reserved, utilization(r),
-                (long long)r.peak_segments, (long long)(r.device_allocs + r.device_frees),
+                (long long)r.peak_segments, (long long)device_calls(r),
                 (unsigned long long)r.ooms, hit_rate(r));
     if (o.min_memory) {
       if (row.min && row.min->bytes) std::printf(",%zu", *row.min->bytes);

@@ -134,20 +134,23 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
   if (any_unsafe()) clock_.close(backend_);
   pick(true);
   std::size_t fresh = pages - have;
-  bool claimed = fresh == 0 || ledger_.claim(fresh * g);
-  UnmapClock::Era wait_for = 0;
+  // New memory past the most ever held would raise the peak, and past the limit it cannot be
+  // had: then pages the device may still use are waited for instead. That is a drain of the
+  // device's queue at most once per new peak, not a wait per growth.
+  const bool raises_peak = segments_.bytes() + fresh * g > high_water_;
+  bool claimed = fresh == 0 || (!raises_peak && ledger_.claim(fresh * g));
   if (!claimed) {
-    // No room for new memory: wait for the device to finish with pages it may still use.
     const std::size_t before = take.size();
     pick(false);
+    UnmapClock::Era wait_for = 0;
     for (std::size_t i = before; i < take.size(); ++i) wait_for = std::max(wait_for, take[i].block->freed_era);
-    fresh = pages - have;
-    claimed = fresh == 0 || ledger_.claim(fresh * g);
-    if (!claimed) return false;
     if (wait_for != 0 && !clock_.wait(backend_, wait_for)) {
-      if (fresh > 0) ledger_.unclaim(fresh * g);
-      return false;
+      // The device cannot be waited for now: those pages stay where they are.
+      for (std::size_t i = before; i < take.size(); ++i) have -= take[i].pages;
+      take.resize(before);
     }
+    fresh = pages - have;
+    if (fresh > 0 && !ledger_.claim(fresh * g)) return false;
   }
   const DevicePtr fresh_at = u->ptr + have * g;
   if (fresh > 0) {

@@ -415,8 +415,8 @@ class BadInput(unittest.TestCase):
         with open(os.path.join(FIX, "small.trace"), "rb") as f:
             lines = f.read().split(b"\n")
         lines.insert(5, b"1,2,3,oops")
-        self.expect_one_line([self.tmpfile(b"\n".join(lines))], needle=":6: expected 14 fields")
-        self.expect_one_line([self.tmpfile(b"#cudalloc-trace v9\nts_ns\n")], needle="version v9")
+        self.expect_one_line([self.tmpfile(b"\n".join(lines))], needle=":6: corrupt record: 4 fields, expected 14")
+        self.expect_one_line([self.tmpfile(b"#cudalloc-trace v9\nts_ns\n")], needle="version 9 is not supported")
 
     def test_bad_op_line(self):
         self.expect_one_line([self.tmpfile(b"a 1 100 0\nf one 0\n")], needle=":2: bad op")

@@ -443,17 +443,13 @@ class Trace:
         return b
 
 
-def open_input(path):
-    """A binary stream of `path` ('-': stdin), gunzipped when it starts with the gzip magic.
-    Raises OSError."""
-    if path == "-":
-        import sys
-        f = sys.stdin.buffer
-        f = f if hasattr(f, "peek") else io.BufferedReader(f)
-    else:
-        f = open(path, "rb")
+def _gunzipped(f):
+    """`f` (binary, with peek() or made to have it), gunzipped when it starts with the gzip
+    magic."""
+    if not hasattr(f, "peek"):
+        f = io.BufferedReader(f)
     try:
-        head = f.peek(2)[:2] if hasattr(f, "peek") else b""
+        head = f.peek(2)[:2]
     except OSError:
         f.close()
         raise
@@ -462,19 +458,44 @@ def open_input(path):
     return f
 
 
-def open_trace(path):
-    """Opens a trace (plain or gzipped) and checks its two header lines. Raises TraceError."""
+def open_input(path):
+    """A binary stream of `path` ('-': stdin), gunzipped when it starts with the gzip magic.
+    Raises OSError."""
+    if path == "-":
+        import sys
+        return _gunzipped(sys.stdin.buffer)
+    return _gunzipped(open(path, "rb"))
+
+
+def read_all(f, name):
+    """All the (gunzipped) bytes of a stream from open_input(); a corrupt or cut gzip stream is
+    a TraceError."""
     try:
-        if os.path.isdir(path):
-            raise TraceError("%s: is a directory, not a cudalloc trace" % path)
-        f = open_input(path)
-        size = None
+        return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceError("%s: not a readable gzip file (%s)" % (name, e)) from None
+    finally:
+        f.close()
+
+
+def open_trace(path, fileobj=None):
+    """Opens a trace (plain or gzipped) and checks its two header lines. Raises TraceError.
+    fileobj: read from it (a binary stream, gunzipped already or not) instead of opening
+    `path`, which then only names the input in messages."""
+    size = None
+    if fileobj is not None:
+        f = _gunzipped(fileobj)
+    else:
         try:
-            size = os.fstat((getattr(f, "fileobj", None) or f).fileno()).st_size
-        except (OSError, AttributeError, io.UnsupportedOperation):
-            pass
-    except OSError as e:
-        raise TraceError("cannot open %s: %s" % (path, e.strerror or e)) from None
+            if os.path.isdir(path):
+                raise TraceError("%s: is a directory, not a cudalloc trace" % path)
+            f = open_input(path)
+            try:
+                size = os.fstat((getattr(f, "fileobj", None) or f).fileno()).st_size
+            except (OSError, AttributeError, io.UnsupportedOperation):
+                pass
+        except OSError as e:
+            raise TraceError("cannot open %s: %s" % (path, e.strerror or e)) from None
     try:
         try:
             first = f.readline()

@@ -117,24 +117,27 @@ class _DeviceTrace:
     def __init__(self):
         self.spool = tempfile.TemporaryFile()
         self.pieces = []   # (offset, length) of a pickled run, or a segment entry (a dict)
-        self.pending = []  # entries not yet pickled, their frames still raw stack text
+        self.pending = []  # entries not yet pickled; `frames` raw stack text where stacks is set
+        self.stacks = False
         self.count = 0
-
-    def add(self, entry):
-        self.pending.append(entry)
-        self.count += 1
 
     def add_segment(self, entry):
         self.count += 1
         self.pieces.append(entry)
 
-    def flush(self, conv):
-        if not self.pending:
+    def flush(self, frames):
+        pending = self.pending
+        if not pending:
             return
-        for e in self.pending:
-            e["frames"] = conv(e["frames"])
-        data = _appends(self.pending)
-        self.pending = []
+        if self.stacks:
+            frames.prepare(e["frames"] for e in pending if e["frames"].__class__ is str)
+            for e in pending:
+                if e["frames"].__class__ is str:
+                    e["frames"] = frames(e["frames"])
+            self.stacks = False
+        data = _appends(pending)
+        self.count += len(pending)
+        pending.clear()
         off = self.spool.tell()
         self.spool.write(data)
         self.pieces.append((off, len(data)))
@@ -171,19 +174,11 @@ class _Segments:
                 chunks[end] = [base + sz - end, stream]
         self.starts = sorted(chunks)
 
-    def spans_chunks(self, addr, size):
-        """Whether [addr, addr+size) starts in a chunk and runs past its end."""
-        starts = self.starts
-        i = bisect.bisect_right(starts, addr) - 1
-        if i < 0:
-            return False
-        base = starts[i]
-        csize = self.chunks[base][0]
-        if addr >= base + csize:
-            return False
-        if size > SMALL_SIZE:
-            self.big.add(base)
-        return addr + size > base + csize
+    def note_big(self, addr):
+        """A block past the small-pool size was cut at addr: its chunk is of the large pool."""
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0:
+            self.big.add(self.starts[i])
 
     def final_segments(self, expandable):
         """[(base, size, stream, is_expandable, big)] at the end of the trace."""
@@ -290,18 +285,14 @@ def export_torch(trace, args):
     devices = {}   # device -> _DeviceTrace
     states = {}    # device -> _Segments
     expandable = False
-
-    def conv_run(dt):
-        frames.prepare(e["frames"] for e in dt.pending)
-        dt.flush(frames)
+    no_frames = frames("")
+    bisect_right = bisect.bisect_right
 
     for b in trace.batches():
-        for ts, d, ev, stream, ptr, req, rnd, res, extra in zip(
+        for ts, d, ev, stream, ptr, req, rnd, res, hit, extra in zip(
                 b.ts_ns, b.device, b.event, b.stream, b.ptr, b.requested, b.rounded, b.result,
-                b.extra):
-            if ev == "dropped" or res != "ok" and ev != "oom":
-                continue
-            if ev == "cache_release":
+                b.hit, b.extra):
+            if res != "ok" and ev != "oom" or ev == "dropped" or ev == "cache_release":
                 continue
             dt = devices.get(d)
             if dt is None:
@@ -313,58 +304,67 @@ def export_torch(trace, args):
                 nv = extra.get("nvtx")
             else:
                 stack, nv = "", None
-            e = {"action": ev, "addr": ptr, "size": req, "stream": _stream_int(stream),
-                 "frames": stack, "time_us": ts // 1000}
+            e = {"action": ev, "addr": ptr, "size": req, "stream": 0 if stream is None else stream,
+                 "frames": stack or no_frames, "time_us": ts // 1000}
+            if stack:
+                dt.stacks = True
             if nv:
                 e["user_metadata"] = nv
             if ev == "alloc":
-                if not expandable and st.spans_chunks(ptr, rnd):
-                    expandable = True
-                elif expandable and rnd > SMALL_SIZE:
-                    st.spans_chunks(ptr, rnd)
+                if not hit and rnd > SMALL_SIZE:
+                    st.note_big(ptr)
+                if not expandable:
+                    # Does the block run past the end of the chunk it starts in?
+                    starts = st.starts
+                    i = bisect_right(starts, ptr) - 1
+                    if i >= 0:
+                        end = starts[i] + st.chunks[starts[i]][0]
+                        if ptr < end < ptr + rnd:
+                            expandable = True
                 st.blocks[ptr] = (rnd, req, stream, stack)
-                dt.add(e)
+                dt.pending.append(e)
             elif ev == "free":
                 st.blocks.pop(ptr, None)
                 e["action"] = "free_requested"
-                dt.add(e)
-                e = dict(e)
-                e["action"] = "free_completed"
-                dt.add(e)
+                e2 = e.copy()
+                e2["action"] = "free_completed"
+                dt.pending.append(e)
+                dt.pending.append(e2)
             elif ev == "segment_alloc" or ev == "segment_free":
                 if ev == "segment_alloc":
                     st.seg_alloc(ptr, req, stream)
                 else:
                     st.seg_free(ptr, req)
-                conv_run(dt)
-                frames.prepare([stack])
-                e["frames"] = frames(stack)
+                dt.flush(frames)
+                if stack:
+                    frames.prepare([stack])
+                    e["frames"] = frames(stack)
                 dt.add_segment(e)
             elif ev == "passthrough_alloc":
                 st.passthrough[ptr] = [rnd, stream]
                 st.blocks[ptr] = (rnd, req, stream, stack)
                 e["action"], e["size"] = "segment_alloc", rnd
-                dt.add(e)
-                e = dict(e)
-                e["action"], e["size"] = "alloc", req
-                dt.add(e)
+                e2 = e.copy()
+                e2["action"], e2["size"] = "alloc", req
+                dt.pending.append(e)
+                dt.pending.append(e2)
             elif ev == "passthrough_free":
                 st.blocks.pop(ptr, None)
                 st.passthrough.pop(ptr, None)
                 for action, size in (("free_requested", req), ("free_completed", req),
                                      ("segment_free", rnd)):
-                    e = dict(e)
+                    e = e.copy()
                     e["action"], e["size"] = action, size
-                    dt.add(e)
+                    dt.pending.append(e)
             elif ev == "oom":
                 # device_free: what the device still had free is not in the trace.
                 e["addr"] = 0
                 e["device_free"] = 0
-                dt.add(e)
+                dt.pending.append(e)
             if len(dt.pending) >= dt.RUN:
-                conv_run(dt)
+                dt.flush(frames)
     for dt in devices.values():
-        conv_run(dt)
+        dt.flush(frames)
 
     segments = []
     for d in sorted(states):
@@ -420,65 +420,84 @@ def export_chrome(trace, args):
     n = 0
     with _output(args.output, "w") as f:
         f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-        first = True
+        buf = []
 
         def emit(obj):
-            nonlocal first, n
-            f.write(("" if first else ",\n") + json.dumps(obj, separators=(",", ":")))
-            first = False
-            n += 1
+            buf.append(json.dumps(obj, separators=(",", ":")))
 
         def phase_slice(name, pid, tid, start_ns, end_ns):
             # Integer nanoseconds until here, so that one slice ends exactly where the next starts.
             emit({"name": name, "ph": "X", "ts": start_ns / 1000.0,
                   "dur": (end_ns - start_ns) / 1000.0, "pid": pid, "tid": tid, "cat": "nvtx"})
 
+        def flush():
+            nonlocal n
+            if buf:
+                f.write((",\n" if n else "") + ",\n".join(buf))
+                n += len(buf)
+                buf.clear()
+
         pid = None
         last = {}
         # NVTX range stacks are per thread: a track per (pid, tid), holding [phase or None,
         # ns where that phase started, or where the thread's last slice ended].
         phases = {}
+        phase_cache = {}
         last_ns = 0
-        for r in trace.records():
+        # The counter event, the one of almost every record, formatted by hand (as json.dumps
+        # would: floats by their repr).
+        counter = ('{"name":"device %d memory","ph":"C","ts":%r,"pid":%d,'
+                   '"args":{"allocated":%d,"reserved":%d}}')
+        for b in trace.batches():
             if pid is None:
-                pid = r.pid
+                pid = b.pid[0]
                 cmd = trace.header.get("cmdline", "")
                 emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                       "args": {"name": "cudalloc %d %s" % (pid, cmd[:80])}})
-            us = r.ts_ns / 1000.0
-            last_ns = max(last_ns, r.ts_ns)
-            if r.event == "dropped":
-                emit({"name": "records dropped", "ph": "i", "s": "p", "ts": us, "pid": r.pid,
-                      "tid": 0, "args": {"count": r.count}})
-                continue
-            key = r.device
-            vals = (r.allocated, r.reserved)
-            if last.get(key) != vals:
-                last[key] = vals
-                emit({"name": "device %d memory" % r.device, "ph": "C", "ts": us, "pid": r.pid,
-                      "args": {"allocated": r.allocated, "reserved": r.reserved}})
-            if r.event == "oom":
-                emit({"name": "OOM: %d bytes" % r.requested, "ph": "i", "s": "p", "ts": us,
-                      "pid": r.pid, "tid": r.tid,
-                      "args": {"device": r.device, "requested": r.requested,
-                               "rounded": r.rounded, "allocated": r.allocated,
-                               "reserved": r.reserved, "nvtx": r.nvtx or ""}})
-            p = phase_of(r.nvtx, args.nvtx_depth)
-            track = (r.pid, r.tid)
-            cur = phases.get(track)
-            if cur is None:
-                if p is None:
+            for ts, rpid, tid, d, ev, req, rnd, alloc, resv, extra in zip(
+                    b.ts_ns, b.pid, b.tid, b.device, b.event, b.requested, b.rounded,
+                    b.allocated, b.reserved, b.extra):
+                us = ts / 1000.0
+                if ts > last_ns:
+                    last_ns = ts
+                if ev == "dropped":
+                    text = extra.get("count", "0")
+                    emit({"name": "records dropped", "ph": "i", "s": "p", "ts": us, "pid": rpid,
+                          "tid": 0, "args": {"count": int(text) if text.isdigit() else 0}})
                     continue
-                emit({"name": "thread_name", "ph": "M", "pid": r.pid, "tid": r.tid,
-                      "args": {"name": "thread %d (NVTX phases)" % r.tid}})
-                cur = phases[track] = [None, r.ts_ns]
-            if p != cur[0]:
-                # With clock=monotonic ts_ns may step back (across threads, or a clock change):
-                # a slice never ends before it starts, nor starts before the last one ended.
-                now = max(r.ts_ns, cur[1])
-                if cur[0] is not None:
-                    phase_slice(cur[0], r.pid, r.tid, cur[1], now)
-                cur[0], cur[1] = p, now
+                prev = last.get(d)
+                if prev is None or prev[0] != alloc or prev[1] != resv:
+                    last[d] = (alloc, resv)
+                    buf.append(counter % (d, us, rpid, alloc, resv))
+                nvtx = extra.get("nvtx") if extra else None
+                if ev == "oom":
+                    emit({"name": "OOM: %d bytes" % req, "ph": "i", "s": "p", "ts": us,
+                          "pid": rpid, "tid": tid,
+                          "args": {"device": d, "requested": req, "rounded": rnd,
+                                   "allocated": alloc, "reserved": resv, "nvtx": nvtx or ""}})
+                if nvtx:
+                    p = phase_cache.get(nvtx)
+                    if p is None:
+                        p = phase_cache[nvtx] = phase_of(nvtx, args.nvtx_depth)
+                else:
+                    p = None
+                track = (rpid, tid)
+                cur = phases.get(track)
+                if cur is None:
+                    if p is None:
+                        continue
+                    emit({"name": "thread_name", "ph": "M", "pid": rpid, "tid": tid,
+                          "args": {"name": "thread %d (NVTX phases)" % tid}})
+                    cur = phases[track] = [None, ts]
+                if p != cur[0]:
+                    # With clock=monotonic ts_ns may step back (across threads, or a clock
+                    # change): a slice never ends before it starts, nor starts before the last
+                    # one ended.
+                    now = max(ts, cur[1])
+                    if cur[0] is not None:
+                        phase_slice(cur[0], rpid, tid, cur[1], now)
+                    cur[0], cur[1] = p, now
+            flush()
         for (p_id, tid), (p, start_ns) in phases.items():
             if p is not None:  # still open: up to the end of the trace
                 phase_slice(p, p_id, tid, start_ns, max(last_ns, start_ns))
@@ -488,6 +507,7 @@ def export_chrome(trace, args):
             emit({"name": "trace %s" % ("truncated" if trace.truncated else "not closed"),
                   "ph": "i", "s": "g", "ts": last_ns / 1000.0, "pid": pid, "tid": 0,
                   "args": {"why": incomplete["incomplete"]}})
+        flush()
         f.write("\n]")
         if incomplete:
             f.write(',"otherData":%s' % json.dumps(incomplete, separators=(",", ":")))
@@ -504,34 +524,44 @@ def export_rmm(trace, args):
     except ValueError:
         pass
     n = 0
+    clock = {}  # second -> "HH:MM:SS" (records come thousands to a second)
     with _output(args.output, "w") as f:
         f.write("Thread,Time,Action,Pointer,Size,Stream\n")
-        for r in trace.records():
-            if r.result != "ok":
-                continue
-            if r.event in ("alloc", "passthrough_alloc"):
-                action = "allocate"
-            elif r.event in ("free", "passthrough_free"):
-                action = "free"
-            else:
-                continue
-            if args.device is not None and r.device != args.device:
-                continue
-            if origin is None:  # header comments are read as the records are
-                try:
-                    origin = int(trace.header.get("origin_realtime_ns", "0") or 0)
-                except ValueError:
-                    origin = 0  # a corrupt origin: times from the trace start
-            wall = origin + r.ts_ns
-            try:
-                tm = time.gmtime(wall // 1000000000)
-            except (OverflowError, OSError, ValueError):  # a corrupt origin or timestamp
-                tm = time.gmtime(0)
-            when = "%02d:%02d:%02d:%06d" % (tm.tm_hour, tm.tm_min, tm.tm_sec,
-                                           (wall % 1000000000) // 1000)
-            f.write("%d,%s,%s,0x%x,%d,%d\n" % (r.tid, when, action, r.ptr, r.requested,
-                                               _stream_int(r.stream)))
-            n += 1
+        for b in trace.batches():
+            lines = []
+            for tid, ts, d, ev, stream, ptr, req, res in zip(
+                    b.tid, b.ts_ns, b.device, b.event, b.stream, b.ptr, b.requested, b.result):
+                if res != "ok":
+                    continue
+                if ev == "alloc" or ev == "passthrough_alloc":
+                    action = "allocate"
+                elif ev == "free" or ev == "passthrough_free":
+                    action = "free"
+                else:
+                    continue
+                if args.device is not None and d != args.device:
+                    continue
+                if origin is None:  # header comments are read as the records are
+                    try:
+                        origin = int(trace.header.get("origin_realtime_ns", "0") or 0)
+                    except ValueError:
+                        origin = 0  # a corrupt origin: times from the trace start
+                wall = origin + ts
+                sec = wall // 1000000000
+                hms = clock.get(sec)
+                if hms is None:
+                    try:
+                        tm = time.gmtime(sec)
+                    except (OverflowError, OSError, ValueError):  # a corrupt origin or stamp
+                        tm = time.gmtime(0)
+                    if len(clock) > 4096:
+                        clock.clear()
+                    hms = clock[sec] = "%02d:%02d:%02d" % (tm.tm_hour, tm.tm_min, tm.tm_sec)
+                lines.append("%d,%s:%06d,%s,0x%x,%d,%d\n" % (
+                    tid, hms, (wall % 1000000000) // 1000, action, ptr, req,
+                    0 if stream is None else stream))
+            f.write("".join(lines))
+            n += len(lines)
     return "%d allocate/free lines" % n
 
 

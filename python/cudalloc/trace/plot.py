@@ -138,9 +138,8 @@ def collect(trace, nvtx_depth=1):
             ooms.extend(ts for ev, ts in zip(b.event, b.ts_ns) if ev == "oom")
         # Phases: skipped for a batch with no NVTX field while no thread is in a phase.
         if phases.open or any("nvtx" in e for e in {id(e): e for e in b.extra}.values()):
+            open_ = phases.open
             for ev, tid, ts, e in zip(b.event, b.tid, b.ts_ns, b.extra):
-                if ev == "dropped":
-                    continue
                 nvtx = e.get("nvtx") if e else None
                 if nvtx:
                     p = cache.get(nvtx)
@@ -148,7 +147,14 @@ def collect(trace, nvtx_depth=1):
                         p = cache[nvtx] = phase_of(nvtx, nvtx_depth)
                 else:
                     p = None
-                phases.note(tid, ts, p)
+                cur = open_.get(tid)
+                if cur is None:
+                    if p is None:
+                        continue
+                elif cur[1] == p:
+                    continue  # the thread stays in its phase
+                if ev != "dropped":
+                    phases.note(tid, ts, p)
     phases.close(last_ts)
     return series, phases, ooms
 

@@ -159,6 +159,20 @@ class BadInput(unittest.TestCase):
         p, lineno = self.small_with_field("huge_size.csv", 7, "1" + "0" * 20)
         self.check_bad(p, "huge_size.csv:%d:" % lineno, "requested does not fit 64 bits")
 
+    def test_long_line_next_to_a_short_one(self):
+        # One field too many, then a line without its first: as many fields as two good lines,
+        # which the reader's block-at-a-time split once took for two records.
+        p = os.path.join(TMP, "misaligned.csv")
+        with open(p, "w") as f:
+            f.write("#cudalloc-trace v1\n"
+                    "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,"
+                    "allocated,reserved,extra\n"
+                    "10,1,1,0,alloc,0x0,0x10,5,5,ok,0,5,10,\n"
+                    "11,1,1,0,alloc,0x0,0x20,5,5,ok,0,5,10,,12\n"
+                    "1,1,0,alloc,0x0,0x30,5,5,ok,0,5,10,\n"
+                    "# end records=3 dropped=0\n")
+        self.check_bad(p, "misaligned.csv:4:", "15 fields, expected 14")
+
     def test_unwritable_output(self):
         rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o",
                            os.path.join(TMP, "no", "such", "dir.csv"))

@@ -33,5 +33,5 @@ def attach(trace, desc, enabled=None):
     """A bar over the bytes of `trace` as its records are read; returns it (close it after)."""
     b = bar(trace.size, desc, enabled)
     if not isinstance(b, _NoBar):
-        trace.set_progress(b.update)
+        trace.set_progress(b.update, b.close)
     return b

@@ -258,11 +258,14 @@ class Trace:
         self._consumed = False
         self.size = size     # bytes of the file (compressed, for .gz), when known
         self._progress = None
+        self._done = None
         self._tables = {}    # column -> {field text: value}, kept across blocks
 
-    def set_progress(self, callback):
-        """callback(n) is called with the number of (file) bytes read since the last call."""
+    def set_progress(self, callback, done=None):
+        """callback(n) is called with the number of (file) bytes read since the last call, and
+        done() once the records have been read (a bar goes before the output comes)."""
         self._progress = callback
+        self._done = done
 
     @property
     def header(self):
@@ -338,6 +341,8 @@ class Trace:
                 from None
         finally:
             self._f.close()
+            if self._done is not None:
+                self._done()
 
     def records(self):
         """Yields every record (Record tuples); raises TraceError on a corrupt line."""
@@ -373,12 +378,21 @@ class Trace:
             yield from self._slow_block(text, lineno)
             return
         nlines = text.count("\n")
-        flat = text.replace("\n", ",").split(",")
-        flat.pop()  # after the last newline
+        # Each newline starts the first field of the next line ("\n123", which int() reads as
+        # 123): the fields line up with the columns only if every such field falls in the
+        # first column, which a line too long next to one too short would not.
+        flat = text.replace("\n", ",\n").split(",")
+        flat.pop()  # the newline that ends the block
         if len(flat) != nlines * ncols:
             yield from self._slow_block(text, lineno)
             return
+        first = flat[0::ncols]
+        if "".join(first).count("\n") != nlines - 1:
+            yield from self._slow_block(text, lineno)
+            return
         cols = {c: flat[self._index[c]::ncols] for c in COLUMNS}
+        if self.columns[0] not in _DECIMAL_WIDE and self.columns[0] in cols:
+            cols[self.columns[0]] = [v.lstrip("\n") for v in first]
         b = self._make_batch(cols, nlines, None, lineno)
         if b is None:
             yield from self._slow_block(text, lineno)

@@ -22,6 +22,7 @@ import collections
 import gzip
 import io
 import os
+import stat
 import zlib
 
 FORMAT_MAGIC = "#cudalloc-trace v"
@@ -498,6 +499,11 @@ def open_trace(path, fileobj=None):
     `path`, which then only names the input in messages."""
     size = None
     if fileobj is not None:
+        try:
+            st = os.fstat(fileobj.fileno())
+            size = st.st_size if stat.S_ISREG(st.st_mode) else None
+        except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+            pass
         f = _gunzipped(fileobj)
     else:
         try:

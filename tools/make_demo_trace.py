@@ -19,10 +19,17 @@ cudaMalloc. Per step:
 Every 8 steps an evaluation forward (no grad: activations freed as soon as used).
 
 The op stream is replayed by cudalloc-replay --write-trace, so the trace's allocated/reserved/
-hit/segment columns are what cudalloc's allocator (default settings) would have recorded.
+hit/segment columns are what cudalloc's allocator (default settings, or --conf) would have
+recorded; the trace then gets the `# end` line of a cleanly closed trace. Rerun it whenever the
+allocator's policy changes, or the trace's totals go stale against a replay of it.
+
+--nvtx adds each record's NVTX phase (forward, loss, backward, optimizer, eval; batch copies on
+a second thread, `load`), as a trace_nvtx:true trace has them: the benchmark traces of
+scripts/bench-trace-tools use it (--steps 1215 gives about a million records).
 
     python3 tools/make_demo_trace.py [--replay-bin build/tools/cudalloc-replay] [--steps 24]
-        [--seed 7] [-o data/traces/demo-training.trace] [--ops-only]
+        [--seed 7] [-o data/traces/demo-training.trace] [--ops-only] [--nvtx] [--conf S]
+        [--limit SIZE]
 """
 
 import argparse
@@ -36,25 +43,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPUTE = "0x0"
 COPY = "0x7f3a5c000e40"  # a side stream for host-to-device copies of the batches
 NO_STREAM = "-"
+MAIN_TID, LOADER_TID = 1, 2
 
 
 class Program:
     def __init__(self):
         self.ops = []
+        self.phases = []   # per op: (phase, thread)
+        self.phase = "setup"
         self.next_id = 1
         self.live = {}
+
+    def _op(self, text, stream):
+        self.ops.append(text)
+        self.phases.append(("load", LOADER_TID) if stream == COPY else (self.phase, MAIN_TID))
 
     def alloc(self, nbytes, stream=COMPUTE, is_async=True):
         i = self.next_id
         self.next_id += 1
         self.live[i] = stream
-        self.ops.append("a %d %d %s%s" % (i, nbytes, stream, " async" if is_async else ""))
+        self._op("a %d %d %s%s" % (i, nbytes, stream, " async" if is_async else ""), stream)
         return i
 
     def free(self, i, stream=None, is_async=True):
         s = self.live.pop(i)
         stream = stream or s
-        self.ops.append("f %d %s%s" % (i, stream, " async" if is_async and stream != NO_STREAM else ""))
+        self._op("f %d %s%s" % (i, stream, " async" if is_async and stream != NO_STREAM else ""),
+                 stream)
 
     def temp(self, nbytes, stream=COMPUTE):
         self.free(self.alloc(nbytes, stream))
@@ -84,6 +99,7 @@ def generate(steps, seed):
     adam = None
 
     def forward(seq, train):
+        p.phase = "forward" if train else "eval"
         tokens = batch * seq
         ids = p.alloc(tokens * 8, COPY)       # input ids (int64), copied on the side stream
         labels = p.alloc(tokens * 8, COPY)
@@ -119,6 +135,8 @@ def generate(steps, seed):
                     p.free(t)
             p.free(x2)
             x = x3
+        if train:
+            p.phase = "loss"
         xf = p.alloc(tokens * d * bf16)                    # final layer norm
         logits = p.alloc(tokens * vocab * bf16)
         up = p.alloc(tokens * vocab * f32)                 # fp32 upcast for cross entropy
@@ -132,6 +150,7 @@ def generate(steps, seed):
         saved, head, labels = forward(seq, True)
         x, xf, logits, up, loss = head
         # Backward through the loss and the head.
+        p.phase = "backward"
         dlogits = p.alloc(tokens * vocab * bf16)
         p.free(up)
         p.free(logits)
@@ -189,6 +208,7 @@ def generate(steps, seed):
         p.free(dx)
         g_final = [p.alloc(d * f32), p.alloc(d * f32)]
         # Optimizer: Adam states once, then a temporary per parameter update.
+        p.phase = "optimizer"
         if adam is None:
             adam = [(p.alloc(n * f32), p.alloc(n * f32)) for n in param_sizes]
         for _ in range(layers + 1):                        # foreach Adam: one chunk per layer
@@ -202,7 +222,29 @@ def generate(steps, seed):
             for t in head:
                 p.free(t)
             p.free(labels, COMPUTE)
-    return p.ops
+    return p
+
+
+def finish_trace(path, program, nvtx):
+    """Gives the replay's trace what the writer of a cleanly closed trace adds: the `# end`
+    line, and with nvtx the phase (and thread) of each record's op (ts_ns is op index * 1000)."""
+    tmp = path + ".tmp"
+    records = 0
+    with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+        for line in src:
+            if line.startswith("#") or line.startswith("ts_ns,"):
+                dst.write(line)
+                continue
+            records += 1
+            if nvtx:
+                fields = line.rstrip("\n").split(",")
+                phase, tid = program.phases[int(fields[0]) // 1000]
+                fields[2] = str(tid)
+                fields[13] = ";".join(x for x in (fields[13], "nvtx=" + phase) if x)
+                line = ",".join(fields) + "\n"
+            dst.write(line)
+        dst.write("# end records=%d dropped=0\n" % records)
+    os.replace(tmp, path)
 
 
 def main():
@@ -212,19 +254,27 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("-o", "--output", default=os.path.join(ROOT, "data", "traces", "demo-training.trace"))
     ap.add_argument("--ops-only", action="store_true", help="print the op stream instead")
+    ap.add_argument("--nvtx", action="store_true", help="NVTX phases and a loader thread")
+    ap.add_argument("--conf", default=None, help="CUDALLOC_CONF setting of the replay")
+    ap.add_argument("--limit", default=None, help="memory limit of the replay (e.g. 4.5GiB)")
     a = ap.parse_args()
-    ops = "".join(op + "\n" for op in generate(a.steps, a.seed))
+    program = generate(a.steps, a.seed)
+    ops = "".join(op + "\n" for op in program.ops)
     if a.ops_only:
         sys.stdout.write(ops)
         return 0
-    r = subprocess.run([a.replay_bin, "--write-trace", a.output, "--label", "demo", "-"],
-                       input=ops.encode(), stdout=subprocess.DEVNULL)
+    cmd = [a.replay_bin, "--write-trace", a.output, "--label", "demo"]
+    if a.conf is not None:
+        cmd += ["--conf", a.conf]
+    if a.limit is not None:
+        cmd += ["--limit", a.limit]
+    r = subprocess.run(cmd + ["-"], input=ops.encode(), stdout=subprocess.DEVNULL)
     if r.returncode != 0:
         sys.stderr.write("make_demo_trace: cudalloc-replay failed (%d)\n" % r.returncode)
         return 1
+    finish_trace(a.output, program, a.nvtx)
     print("wrote %s (%d bytes)" % (a.output, os.path.getsize(a.output)))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

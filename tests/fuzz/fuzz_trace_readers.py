@@ -3,16 +3,18 @@
 
 Targets (all in-process, so that an exception is seen as the exception it is; the CLIs turn any
 unexpected exception into "internal error", exit 2, which would hide a bug):
-  * scripts/cudalloc-trace main(): summary, summary --json, plot (its input checks and
-    collection; without matplotlib it then exits 2 with its one-line message),
-    export torch-snapshot|chrome|rmm
-  * scripts/replay_inputs.convert(): auto-detection and every input format (cudalloc trace,
-    PyTorch snapshot pickle, RMM CSV, the op stream)
+  * cudalloc.trace.cli.main() (python/, what scripts/cudalloc-trace runs): summary,
+    summary --json, plot (its input checks and collection; without matplotlib it then exits 2
+    with its one-line message), export torch-snapshot|chrome|rmm
+  * cudalloc.trace.inputs.convert() (scripts/replay's converters): auto-detection and every
+    input format (cudalloc trace, PyTorch snapshot pickle, RMM CSV, the op stream), plain and
+    gzipped
 and, every --cli-every cases, the real command lines as subprocesses (exit status 0 or 2, no
 "Traceback" on stderr).
 
 Seeds: the trace and replay fixtures of the repository, the head of data/traces/demo-training.trace,
-tests/fuzz/corpus/trace_readers/*. Mutations: bit flips, byte and line insertion, deletion,
+tests/fuzz/corpus/trace_readers/*, a trace with stacks (malformed `stack=` fields among the
+hostile values). Mutations: bit flips, byte and line insertion, deletion,
 duplication and shuffling, truncation, field replacement with hostile values (huge, negative,
 NaN, empty, non-ASCII, very long), splicing of two inputs.
 
@@ -24,9 +26,8 @@ Usage: fuzz_trace_readers.py [--seconds 60] [--seed N] [--crash-dir DIR] [--cli-
 
 import argparse
 import contextlib
+import gzip
 import glob
-import importlib.machinery
-import importlib.util
 import io
 import os
 import pickle
@@ -41,19 +42,14 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
-sys.path.insert(0, os.path.join(SCRIPTS, "trace"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 
-import replay_inputs  # noqa: E402
+from cudalloc.trace import inputs as replay_inputs  # noqa: E402
 
 
 def load_cli():
-    path = os.path.join(SCRIPTS, "cudalloc-trace")
-    loader = importlib.machinery.SourceFileLoader("cudalloc_trace_cli", path)
-    spec = importlib.util.spec_from_loader("cudalloc_trace_cli", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    from cudalloc.trace import cli
+    return cli
 
 
 # What the evil pickle's command prints if a reader ever runs it (see seeds()).
@@ -64,7 +60,21 @@ HOSTILE = [b"", b"-1", b"0", b"18446744073709551615", b"18446744073709551616", b
            b"A" * 5000, b",,,,", b"\"", b"'", b"=", b"nvtx=" + b"/" * 300, b"stack=" + b"0x1;" * 200,
            b"alloc", b"free", b"segment_alloc", b"oom", b"ok", b"-", b"#cudalloc-trace v1", b"#cudalloc-trace v999",
            # matplotlib reads $...$ in a label or title as TeX, and hides labels starting with _.
-           b"nvtx=$\\foo$", b"nvtx=_phase", b"cmdline=$\\frac{$"]
+           b"nvtx=$\\foo$", b"nvtx=_phase", b"cmdline=$\\frac{$",
+           # stack= frames that are not hex addresses (once a ValueError out of summary and the
+           # snapshot export instead of a file:line message).
+           b"stack=0xzz", b"stack=zz/0x1", b"stack=0x1//x", b"stack=12345", b"stack=0x" + b"f" * 40]
+
+
+STACK_TRACE = (b"#cudalloc-trace v1\n"
+               b"ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,allocated,"
+               b"reserved,extra\n"
+               b"#map 7f0000000000-7f0000100000 r-xp 00000000 08:01 42 /nonexistent/libx.so\n"
+               b"10,1,1,0,segment_alloc,0x0,0x7f0000000000,2097152,2097152,ok,0,0,2097152,\n"
+               b"20,1,1,0,alloc,0x0,0x7f0000000000,1000,1024,ok,0,1024,2097152,"
+               b"nvtx=fwd;stack=0x7f0000001234/0x7f0000005678\n"
+               b"30,1,1,0,free,0x0,0x7f0000000000,1000,1024,ok,0,0,2097152,stack=0x7f0000001234\n"
+               b"# end records=3 dropped=0\n")
 
 
 def seeds():
@@ -79,6 +89,9 @@ def seeds():
         with open(demo, "rb") as f:
             head = b"".join(f.readline() for _ in range(400))
         out.append(("demo-training.trace[:400 lines]", head))
+    # A trace with stacks and #map lines, for the stack= mutations.
+    out.append(("stacks.trace", STACK_TRACE))
+    out.append(("stacks.trace.gz", gzip.compress(STACK_TRACE)))
     # A pickle that would run a command if the snapshot reader were not restricted.
     # The shell computes the marker (PWNED_MARK): a reader's error message that quotes the
     # input holds the command's text, never its output.

@@ -5,6 +5,7 @@ and truncated ones included.
     python3 test_trace_reader.py SCRIPT TRACE_SAMPLE_EXE DATA_DIR
 """
 
+import array
 import json
 import os
 import pickle
@@ -36,6 +37,15 @@ def without_matplotlib():
                                         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("CUDALLOC_TRACE_DEBUG", None)
     return env
+
+
+def package_module(name):
+    """A module of the trace tools' package (python/cudalloc/trace), imported here."""
+    import importlib
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.join(root, "python") not in sys.path:
+        sys.path.insert(0, os.path.join(root, "python"))
+    return importlib.import_module("cudalloc.trace." + name)
 
 
 def data(name):
@@ -149,6 +159,20 @@ class BadInput(unittest.TestCase):
         p, lineno = self.small_with_field("huge_size.csv", 7, "1" + "0" * 20)
         self.check_bad(p, "huge_size.csv:%d:" % lineno, "requested does not fit 64 bits")
 
+    def test_long_line_next_to_a_short_one(self):
+        # One field too many, then a line without its first: as many fields as two good lines,
+        # which the reader's block-at-a-time split once took for two records.
+        p = os.path.join(TMP, "misaligned.csv")
+        with open(p, "w") as f:
+            f.write("#cudalloc-trace v1\n"
+                    "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,"
+                    "allocated,reserved,extra\n"
+                    "10,1,1,0,alloc,0x0,0x10,5,5,ok,0,5,10,\n"
+                    "11,1,1,0,alloc,0x0,0x20,5,5,ok,0,5,10,,12\n"
+                    "1,1,0,alloc,0x0,0x30,5,5,ok,0,5,10,\n"
+                    "# end records=3 dropped=0\n")
+        self.check_bad(p, "misaligned.csv:4:", "15 fields, expected 14")
+
     def test_unwritable_output(self):
         rc, out, err = run("export", data("small.csv"), "--format", "rmm", "-o",
                            os.path.join(TMP, "no", "such", "dir.csv"))
@@ -257,6 +281,53 @@ class Plot(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertIn("apt-get install python3-matplotlib", err)
+        # Whatever Python runs it (a virtualenv, pyenv: no Debian package there).
+        self.assertIn("pip install matplotlib", err)
+
+    def test_svg_has_units_and_thread_bands(self):
+        if not have_matplotlib():
+            self.skipTest("matplotlib is missing for %s" % sys.executable)
+        out_path = os.path.join(TMP, "small.svg")
+        rc, out, err = run("plot", data("small.csv"), "-o", out_path)
+        self.assertEqual(rc, 0, err)
+        with open(out_path, encoding="utf-8") as f:
+            svg = f.read()
+        # matplotlib writes each text of an SVG as a comment beside its glyphs.
+        for text in ("reserved / allocated (MiB)", "thread 4243", "thread 4244", "NVTX phase",
+                     "forward", "backward", "optimizer", "allocated, device 0"):
+            self.assertIn("<!-- %s" % text, svg, text)
+
+    def test_envelope_keeps_every_spike(self):
+        # A million records once became a solid block (the largest value per bucket, joined);
+        # the envelope keeps the least and the greatest value of each bucket and the line the
+        # value at its end.
+        import random
+        plot = package_module("plot")
+        rng = random.Random(3)
+        n = 100000
+        ts = array.array("q", sorted(rng.randrange(10 ** 9) for _ in range(n)))
+        vals = array.array("q", (1000 + rng.randrange(50) for _ in range(n)))
+        spikes = rng.sample(range(n), 40)
+        for i in spikes:
+            vals[i] = 10 ** 6
+        vals[n // 2] = 0
+        results = [plot._envelope_python(ts, vals, 500)]
+        try:
+            import numpy
+            results.append(tuple(list(map(int, a)) if k else list(a)
+                                 for k, a in enumerate(plot._envelope_numpy(numpy, ts, vals, 500))))
+        except ImportError:
+            pass
+        for x, lo, hi, last in results:
+            self.assertEqual(len(lo), 500)
+            width = (ts[-1] - ts[0]) / 500
+            want_hi = {min(int((ts[i] - ts[0]) / width), 499) for i in spikes}
+            self.assertEqual({k for k, v in enumerate(hi) if v == 10 ** 6}, want_hi)
+            self.assertEqual(min(lo), 0)
+            self.assertEqual(last[-1], vals[-1])
+            self.assertTrue(all(lo[k] <= last[k] <= hi[k] for k in range(500)))
+        if len(results) == 2:
+            self.assertEqual(list(map(list, results[0][1:])), list(map(list, results[1][1:])))
 
     def test_names_are_shown_as_written(self):
         if not have_matplotlib():

@@ -5,6 +5,7 @@ CUDALLOC_LIB the preload library for scripts/cudalloc.
     python3 test_trace_tools_review.py TRACE_SAMPLE_EXE REPLAY_BIN CUDALLOC_LIB [unittest args]
 """
 
+import gzip
 import json
 import os
 import pickle
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import unittest
 
+import memviz_check  # tests/trace, beside this file
 import trace_test_main  # tests/trace, beside this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,9 +30,9 @@ TRACE_SAMPLE = REPLAY_BIN = CUDALLOC_LIB = None
 TMP = None
 
 
-def run(*args):
+def run(*args, timeout=300, env=None):
     p = subprocess.run([sys.executable] + list(args), capture_output=True, encoding="utf-8",
-                       errors="replace", timeout=300)
+                       errors="replace", timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -302,6 +304,211 @@ class FragmentationReport(unittest.TestCase):
 
     def test_bad_gzip_header(self):
         self.check(lambda raw: raw[:2] + b"\x09" + raw[3:], "gzip")  # method 9: unknown
+
+
+STACK_HEADER = ("#cudalloc-trace v1\n"
+                "ts_ns,pid,tid,device,event,stream,ptr,requested,rounded,result,hit,allocated,"
+                "reserved,extra\n"
+                "# options stack_depth=4 nvtx=0 ring_capacity=16384 clock=tsc\n")
+
+
+def stack_trace(name, stack, maps=""):
+    """A small trace whose allocation has `stack` as its stack= field; `maps`: #map lines."""
+    text = (STACK_HEADER + maps +
+            "10,1,1,0,segment_alloc,0x0,0x7f0000000000,2097152,2097152,ok,0,0,2097152,\n"
+            "20,1,1,0,alloc,0x0,0x7f0000000000,1000,1024,ok,0,1024,2097152,stack=%s\n"
+            "30,1,1,0,free,0x0,0x7f0000000000,1000,1024,ok,0,0,2097152,\n"
+            "# end records=3 dropped=0\n" % stack)
+    return write(name, text.encode())
+
+
+ALL_COMMANDS = [["summary"], ["summary", "--no-symbols"], ["summary", "--json"],
+                ["export", "--format", "torch-snapshot"],
+                ["export", "--format", "torch-snapshot", "--no-symbols"],
+                ["export", "--format", "chrome"], ["export", "--format", "rmm"], ["plot"]]
+
+
+def command(cmd, path, out_name):
+    if cmd[0] == "plot":
+        return ["plot", path, "-o", os.path.join(TMP, out_name + ".png")]
+    argv = [cmd[0], path] + cmd[1:]
+    if cmd[0] == "export":
+        argv += ["-o", os.path.join(TMP, out_name)]
+    return argv
+
+
+class StackField(unittest.TestCase):
+    """A stack= field that is not a list of hex addresses is a corrupt field like any other:
+    file:line and exit 2 (summary and the snapshot export said "internal error: ValueError")."""
+
+    def test_non_hex_stack(self):
+        for stack in ("0xzz", "zz/0x1", "0x7f00/garbage", "12345", "0x" + "f" * 40):
+            p = stack_trace("bad_stack.csv", stack)
+            for cmd in ALL_COMMANDS:
+                rc, out, err = run(CT, *command(cmd, p, "bad_stack.out"))
+                self.assertEqual(rc, 2, (stack, cmd, out, err))
+                self.assertNotIn("internal error", err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertIn("bad_stack.csv:5: corrupt record: stack", err, (stack, cmd))
+
+    def test_good_stack_still_reads(self):
+        p = stack_trace("good_stack.csv", "0x7f0000001234/0x7f0000005678")
+        rc, out, err = run(CT, "summary", p, "--json", "--no-symbols")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["sites"][0]["stack"], ["0x7f0000001234", "0x7f0000005678"])
+
+
+class MapNamesAFifo(unittest.TestCase):
+    """A #map line may name anything: summary and export opened each named file to read its ELF
+    type, and a FIFO there made them wait forever, --no-symbols or not."""
+
+    def test_fifo_in_map_lines(self):
+        fifo = os.path.join(TMP, "a-fifo")
+        if not os.path.exists(fifo):
+            os.mkfifo(fifo)
+        maps = "#map 7f0000000000-7f0000100000 r-xp 00000000 08:01 42 %s\n" % fifo
+        p = stack_trace("fifo_map.csv", "0x7f0000001234/0x7f0000005678", maps)
+        for cmd in ALL_COMMANDS:
+            rc, out, err = run(CT, *command(cmd, p, "fifo.out"), timeout=60)
+            if cmd[0] == "plot" and rc == 2 and "matplotlib" in err:
+                continue
+            self.assertEqual(rc, 0, (cmd, err))
+        # The frames are the raw, module-relative PCs: the FIFO was not read.
+        rc, out, err = run(CT, "summary", p, "--json", timeout=60)
+        frames = json.loads(out)["sites"][0]["frames"]
+        self.assertEqual(frames[0]["name"], "a-fifo+0x1233")
+
+
+class ExpandableExport(unittest.TestCase):
+    """The snapshot export of expandable segments, checked by what PyTorch's viewer computes
+    from it (memviz_check): each mapped chunk was a segment of its own (157 instead of 5),
+    never expandable, blocks spanning chunks were cut, and the segment view showed 742 MiB
+    allocated at the end where 1.55 GiB were live; the sizes were the rounded ones."""
+
+    traces = {}
+
+    def trace(self, label, *conf):
+        if label not in self.traces:
+            path = os.path.join(TMP, "demo-%s.trace" % label)
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_demo_trace.py"),
+                                "--replay-bin", REPLAY_BIN, "-o", path] + list(conf),
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.traces[label] = path
+        return self.traces[label]
+
+    def export(self, path):
+        out_path = path + ".pickle"
+        rc, out, err = run(CT, "export", path, "--format", "torch-snapshot", "-o", out_path,
+                           "--no-symbols")
+        self.assertEqual((rc, err), (0, ""))
+        with open(out_path, "rb") as f:
+            return pickle.load(f)
+
+    def check(self, path):
+        snap = self.export(path)
+        got = memviz_check.check(snap)
+        truth = memviz_check.trace_truth(path)
+        self.assertEqual(got["reserved_end"], truth["reserved_end"])
+        self.assertEqual(got["allocated_end"], truth["live_requested_end"])
+        self.assertEqual(got["timeline_live_end"], truth["live_requested_end"])
+        self.assertEqual(got["timeline_peak"], truth["peak_requested"])
+        self.assertEqual((got["segments_at_start"], got["blocks_at_start"]), (0, 0))
+        return snap, got
+
+    def test_expandable(self):
+        snap, got = self.check(self.trace("expandable", "--conf", "expandable_segments:true"))
+        # One segment per reserved range: (stream '-', legacy stream, copy stream) x pools.
+        self.assertEqual(got["segments"], 5)
+        self.assertEqual(got["expandable_segments"], 5)
+        self.assertIn("segment_map", got["actions"])
+        self.assertNotIn("segment_alloc", got["actions"])
+        self.assertGreater(got["allocated_end"], 1.5 * 2 ** 30)
+        kinds = sorted(s["segment_type"] for s in snap["segments"])
+        self.assertEqual(kinds, ["large", "large", "small", "small", "small"])
+
+    def test_expandable_with_unmaps(self):
+        # Under a limit the allocator unmaps free chunks again: segment_unmap entries, and
+        # ranges with holes.
+        snap, got = self.check(self.trace("expandable-limit", "--conf",
+                                          "expandable_segments:true", "--limit", "4.5GiB"))
+        self.assertIn("segment_unmap", got["actions"])
+        self.assertTrue(all(s["is_expandable"] for s in snap["segments"]))
+
+    def test_plain_segments(self):
+        snap, got = self.check(self.trace("plain"))
+        self.assertEqual(got["expandable_segments"], 0)
+        self.assertIn("segment_alloc", got["actions"])
+        self.assertNotIn("segment_map", got["actions"])
+
+    def test_requested_sizes(self):
+        snap = self.export(self.trace("plain"))
+        entries = snap["device_traces"][0]
+        with open(self.trace("plain")) as f:
+            # An allocation whose size rounding changes.
+            first = next(v for v in (l.split(",") for l in f)
+                         if len(v) == 14 and v[4] == "alloc" and v[7] != v[8])
+        alloc = next(e for e in entries if e["action"] == "alloc"
+                     and e["addr"] == int(first[6], 16) and e["time_us"] == int(first[0]) // 1000)
+        self.assertEqual(alloc["size"], int(first[7]))
+        blocks = [b for s in snap["segments"] for b in s["blocks"]
+                  if b["state"] == "active_allocated"]
+        self.assertTrue(any(b["requested_size"] < b["size"] for b in blocks))
+
+
+class Gzipped(unittest.TestCase):
+    def test_every_command_reads_gz(self):
+        plain = write("gz.csv", sample())
+        packed = write("gz.csv.gz", gzip.compress(sample()))
+        rc, a, err = run(CT, "summary", plain, "--json", "--no-symbols")
+        self.assertEqual(rc, 0, err)
+        rc, b, err = run(CT, "summary", packed, "--json", "--no-symbols")
+        self.assertEqual(rc, 0, err)
+        a, b = json.loads(a), json.loads(b)
+        a.pop("file"), b.pop("file")
+        self.assertEqual(a, b)
+        for cmd in ALL_COMMANDS[3:]:
+            rc, out, err = run(CT, *command(cmd, packed, "gz.out"))
+            if cmd[0] == "plot" and rc == 2 and "matplotlib" in err:
+                continue
+            self.assertEqual(rc, 0, (cmd, err))
+
+    def test_corrupt_gz(self):
+        packed = gzip.compress(sample())
+        for name, data in (("cut.csv.gz", packed[:len(packed) // 2]),
+                           ("garbage.csv.gz", packed[:10] + bytes(range(256)) * 4)):
+            p = write(name, data)
+            for cmd in (["summary", p], ["export", p, "--format", "chrome", "-o",
+                                         os.path.join(TMP, "gz.json")]):
+                rc, out, err = run(CT, *cmd)
+                self.assertEqual(rc, 2, (name, err))
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertNotIn("internal error", err)
+                self.assertIn(name, err)
+
+
+class Progress(unittest.TestCase):
+    def test_progress_bar_on_request_only(self):
+        p = write("progress.csv", sample())
+        rc, out, err = run(CT, "summary", p, "--no-symbols")
+        self.assertEqual((rc, err), (0, ""))   # stderr is not a terminal: no bar
+        try:
+            import tqdm  # noqa: F401
+        except ImportError:
+            tqdm = None
+        rc, out, err = run(CT, "summary", p, "--no-symbols", "--progress")
+        self.assertEqual(rc, 0, err)
+        if tqdm is not None:
+            self.assertIn("summary progress.csv", err)
+        # Without tqdm, --progress is no error: the bar is left out.
+        fake = os.path.join(TMP, "no-tqdm", "tqdm")
+        os.makedirs(fake, exist_ok=True)
+        with open(os.path.join(fake, "__init__.py"), "w") as f:
+            f.write("raise ImportError('tqdm is hidden by the test')\n")
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(fake))
+        rc, out, err = run(CT, "summary", p, "--no-symbols", "--progress", env=env)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertIn("peak allocated", out)
 
 
 class Launcher(unittest.TestCase):

@@ -427,10 +427,12 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   char nv[kMaxNvtx];
   std::size_t nv_len = 0;
   std::uint32_t nv_id = 0;
-  if (options_.nvtx) {
-    if (NvtxIdHook id_hook = g_nvtx_id_hook.load(std::memory_order_acquire)) {
-      nv_id = id_hook();  // a thread-local read; the writer thread makes the text
-    } else if (NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire)) {
+  // The id hook whatever options_.nvtx says: the shim's also reports the C API's phases, which
+  // are recorded without trace_nvtx.
+  if (NvtxIdHook id_hook = g_nvtx_id_hook.load(std::memory_order_acquire)) {
+    nv_id = id_hook();  // a thread-local read; the writer thread makes the text
+  } else if (options_.nvtx) {
+    if (NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire)) {
       nv_len = hook(nv, kMaxNvtx);
       if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;
     }

@@ -102,6 +102,7 @@ void start_tracing_and_stats(const Config& config) {
     TraceOptions options;
     options.stack_depth = config.trace_stacks;
     options.nvtx = config.trace_nvtx;
+    options.phases = true;  // cudalloc_phase_push's phases, with or without NVTX ranges
     options.clock = config.trace_tsc ? TraceClockSource::kTsc : TraceClockSource::kMonotonic;
     options.stream_label = program_stream;
     std::string error;

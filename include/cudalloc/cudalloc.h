@@ -9,7 +9,7 @@
  *  - link with -lcudalloc (pkg-config cudalloc) and call the functions;
  *  - or, for a program that must also run without cudalloc, define CUDALLOC_DYNAMIC before
  *    including this header: the functions become static inline wrappers that look the library
- *    up in the process (dlsym, RTLD_DEFAULT; link with -ldl on old C libraries) and return
+ *    up in the process (dlsym with RTLD_DEFAULT; -ldl before glibc 2.34) and return
  *    CUDALLOC_ERROR_NOT_LOADED when it is not there.
  *
  * Versioning: CUDALLOC_API_VERSION grows by one whenever functions, statuses or statistics are
@@ -110,12 +110,17 @@ int cudalloc_phase_pop(void);
 #ifdef CUDALLOC_DYNAMIC
 /* The wrappers: each looks its function up until it is found, then keeps it. */
 #include <dlfcn.h>
+#ifdef RTLD_DEFAULT
+#define CUDALLOC_RTLD_DEFAULT_ RTLD_DEFAULT
+#else
+#define CUDALLOC_RTLD_DEFAULT_ ((void*)0) /* glibc's value, which it names only under _GNU_SOURCE */
+#endif
 
 #define CUDALLOC_DYN_FN_(ret, name, params, args, absent)                      \
   static inline ret name##_dyn_ params {                                       \
     typedef ret(*fn_t) params;                                                 \
     static fn_t fn;                                                            \
-    if (fn == NULL) fn = (fn_t)dlsym(RTLD_DEFAULT, #name);                     \
+    if (fn == NULL) fn = (fn_t)dlsym(CUDALLOC_RTLD_DEFAULT_, #name);                     \
     return fn != NULL ? fn args : (absent);                                    \
   }
 CUDALLOC_DYN_FN_(int, cudalloc_api_version, (void), (), 0)
@@ -142,7 +147,7 @@ CUDALLOC_DYN_FN_(int, cudalloc_phase_pop, (void), (), CUDALLOC_ERROR_NOT_LOADED)
 static inline const char* cudalloc_status_string_dyn_(int status) {
   typedef const char* (*fn_t)(int);
   static fn_t fn;
-  if (fn == NULL) fn = (fn_t)dlsym(RTLD_DEFAULT, "cudalloc_status_string");
+  if (fn == NULL) fn = (fn_t)dlsym(CUDALLOC_RTLD_DEFAULT_, "cudalloc_status_string");
   if (fn != NULL) return fn(status);
   return status == CUDALLOC_ERROR_NOT_LOADED ? "cudalloc is not loaded in this process" : "unknown status";
 }

@@ -43,6 +43,8 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     if (budget == nullptr) budget = std::make_shared<DeviceBudget>();
     state->allocator.share_budget(budget);
     state->allocator.set_reclaimer([this, state] { return release_others(*state); });
+    // Before it is published: no allocation of it may miss a limit set through the API.
+    if (auto it = limits_.find(dev); it != limits_.end()) apply_limit(*state, it->second);
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;
@@ -83,6 +85,30 @@ CUDALLOC_HOT ContextState* ContextRegistry::owner(CUdeviceptr p) const {
     if (s->allocator.owns(static_cast<DevicePtr>(p))) return s;
   }
   return nullptr;
+}
+
+// The limit as AllocatorOptions' fraction and cap make it (DeviceAllocator's limit()).
+void ContextRegistry::apply_limit(ContextState& s, LimitSetting setting) {
+  const std::size_t total = s.backend.total_memory();
+  std::size_t limit = total;
+  if (setting.fraction < 1.0) limit = static_cast<std::size_t>(static_cast<double>(total) * setting.fraction);
+  if (setting.bytes != 0) limit = std::min(limit, setting.bytes);
+  // 0 would mean "back to the configured limit" to the allocator.
+  s.allocator.set_memory_limit(std::max<std::size_t>(limit, 1));
+}
+
+void ContextRegistry::set_limit(CUdevice dev, LimitSetting setting) {
+  std::lock_guard lock(mutex_);
+  limits_[dev] = setting;
+  for (ContextState* s : live()) {
+    if (s->device == dev) apply_limit(*s, setting);
+  }
+}
+
+ContextRegistry::LimitSetting ContextRegistry::limit_setting(CUdevice dev) {
+  std::lock_guard lock(mutex_);
+  if (auto it = limits_.find(dev); it != limits_.end()) return it->second;
+  return LimitSetting{options_.per_process_memory_fraction, options_.memory_limit_bytes};
 }
 
 bool ContextRegistry::is_live(const ContextState* s) const {

@@ -118,11 +118,23 @@ class ContextRegistry {
   // Returns the parked frees to run if its captures were the last ones (run_parked).
   std::vector<ParkedFree> drop(CUcontext ctx);
 
+  // A memory limit set through the C API (cudalloc_set_memory_fraction / _limit) for a device:
+  // it replaces the configured fraction and cap for that device, in its live allocators and in
+  // those made later. bytes 0: no cap in bytes.
+  struct LimitSetting {
+    double fraction = 1.0;
+    std::size_t bytes = 0;
+  };
+  void set_limit(CUdevice dev, LimitSetting setting);
+  // The device's setting: the API's if one was set, else the configuration's.
+  LimitSetting limit_setting(CUdevice dev);
+
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
   // Releases the idle caches of the other contexts of `s`'s device; whether any memory went.
   bool release_others(const ContextState& s);
   StreamInfo* default_of_slow(StreamInfo* stream);
+  static void apply_limit(ContextState& s, LimitSetting setting);
   // find() of green context `a`: its state, and in `stream` (optional), the stream a call names
   // as that context has it (see current()). Out of line, and called last, so that find() needs
   // no more registers for a context that is not green.
@@ -142,6 +154,7 @@ class ContextRegistry {
   std::map<CUdevice, std::shared_ptr<DeviceBudget>> budgets_;
   // Devices whose lack of virtual memory was reported (one warning each, whatever the contexts).
   std::set<CUdevice> vm_warned_;
+  std::map<CUdevice, LimitSetting> limits_;  // set_limit
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const ContextList*> snapshot_{new ContextList};
   // Whether the snapshot has aliases: what a free on a default stream asks (default_of), in one

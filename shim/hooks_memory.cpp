@@ -263,7 +263,9 @@ CUDALLOC_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   }
   std::size_t free_now = *free_bytes + device_cached;
   const AllocatorOptions& o = runtime().config.allocator;
-  if (o.memory_limit_bytes != 0 || o.per_process_memory_fraction < 1.0) {
+  // The last test: a limit set through the C API (cudalloc_set_memory_fraction).
+  if (o.memory_limit_bytes != 0 || o.per_process_memory_fraction < 1.0 ||
+      s->allocator.memory_limit() < *total_bytes) {
     // In use is what the device's budget holds, less what idle caches could give back: the
     // budget also counts segments given back during a capture whose cuMemFree still waits,
     // which no context reserves any more but no request can have either.

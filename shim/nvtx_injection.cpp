@@ -101,7 +101,10 @@ struct Tables {
   std::uint32_t path_count = 1;                         // id 0: no range
   std::unordered_map<std::string, std::uintptr_t> domains;
   bool warned_full = false;
+  std::vector<std::uint32_t> phases;  // cudalloc_phase_push's stack, as path ids
 };
+// The innermost phase's path id (0: none), read by every traced record.
+std::atomic<std::uint32_t> g_phase_top{0};
 std::atomic<PathNode*> g_chunks[kMaxChunks];
 
 // Never destroyed: threads may push and the writer may resolve during exit.
@@ -395,7 +398,35 @@ void unlock_after_fork() { tables().mu.unlock(); }
 
 }  // namespace
 
-std::uint32_t nvtx_current_range() noexcept { return t_top; }
+// A thread's own NVTX ranges say more about its allocation than the program's phase; a thread
+// with none (PyTorch's autograd threads, under a phase the main thread opened) takes the phase.
+std::uint32_t nvtx_current_range() noexcept {
+  const std::uint32_t top = t_top;
+  return top != 0 ? top : g_phase_top.load(std::memory_order_relaxed);
+}
+
+bool phase_push(std::string_view name) {
+  try {
+    Tables& t = tables();
+    std::lock_guard lock(t.mu);
+    const std::uint32_t parent = t.phases.empty() ? 0 : t.phases.back();
+    const std::uint32_t path = intern_path_locked(t, parent, intern_name_locked(t, name));
+    t.phases.push_back(path);
+    g_phase_top.store(path, std::memory_order_relaxed);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool phase_pop() {
+  Tables& t = tables();
+  std::lock_guard lock(t.mu);
+  if (t.phases.empty()) return false;
+  t.phases.pop_back();
+  g_phase_top.store(t.phases.empty() ? 0 : t.phases.back(), std::memory_order_relaxed);
+  return true;
+}
 
 std::size_t nvtx_range_text(std::uint32_t id, const char** text) noexcept {
   const PathNode* n = node(id);

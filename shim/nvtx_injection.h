@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace cudalloc::shim {
 
@@ -18,8 +19,15 @@ namespace cudalloc::shim {
 // stacks, or logs (info) why NVTX phases stay off.
 void nvtx_connect_trace();
 
-// The calling thread's innermost tracked range stack as an id (0: none). Thread-local read only.
+// The calling thread's innermost tracked range stack as an id, or else the process's current
+// phase (phase_push), 0 when neither. A thread-local read and a relaxed atomic load only.
 std::uint32_t nvtx_current_range() noexcept;
+
+// The C API's phase markers (cudalloc_phase_push/pop): one stack for the process, interned
+// with the range stacks, so that traced records show "forward/attn" as NVTX phases. Phases are
+// recorded whenever tracing is on, with or without trace_nvtx. pop: false when none is open.
+bool phase_push(std::string_view name);
+bool phase_pop();
 
 // The text of a range-stack id ("forward/attn", at most TraceWriter::kMaxNvtx bytes, not
 // NUL-terminated) and its length; 0 for an unknown id. Lock-free, no allocation.

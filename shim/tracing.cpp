@@ -102,6 +102,7 @@ void start_tracing_and_stats(const Config& config) {
     TraceOptions options;
     options.stack_depth = config.trace_stacks;
     options.nvtx = config.trace_nvtx;
+    options.phases = true;  // cudalloc_phase_push's phases, with or without NVTX ranges
     options.clock = config.trace_tsc ? TraceClockSource::kTsc : TraceClockSource::kMonotonic;
     options.stream_label = program_stream;
     std::string error;
@@ -111,6 +112,8 @@ void start_tracing_and_stats(const Config& config) {
     } else {
       log_info("tracing to %s", w->file_path().c_str());
       if (config.trace_nvtx) nvtx_connect_trace();
+      // Phases marked through the C API are recorded whether or not NVTX ranges are.
+      TraceWriter::set_nvtx_id_hooks(&nvtx_current_range, &nvtx_range_text);
       w->install_fatal_signal_flush();
       g_writer.store(w.release(), std::memory_order_release);
       std::atexit(flush_at_exit);
@@ -150,6 +153,18 @@ void trace_passthrough(EventKind kind, CUdeviceptr ptr, std::size_t bytes, CUstr
   e.allocated_after = total;
   e.reserved_after = total;
   w->on_event(e);
+}
+
+bool trace_flush_now() {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w == nullptr) return false;
+  w->flush();
+  return true;
+}
+
+const std::string* trace_file_path() {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  return w == nullptr ? nullptr : &w->file_path();
 }
 
 void tracing_after_fork_child() {

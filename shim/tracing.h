@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "allocator/events.h"
 #include "config/config.h"
@@ -19,6 +20,11 @@ AllocatorObserver* trace_observer();
 // Records a call that went straight to the driver (passthrough mode).
 void trace_passthrough(EventKind kind, CUdeviceptr ptr, std::size_t bytes, CUstream stream, bool async,
                        CUresult result);
+
+// cudalloc_trace_flush: writes the queued records now; false when not tracing.
+bool trace_flush_now();
+// The file the trace goes to; null when not tracing.
+const std::string* trace_file_path();
 
 // The fork child writes its own trace file.
 void tracing_after_fork_child();

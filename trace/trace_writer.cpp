@@ -427,9 +427,11 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
   char nv[kMaxNvtx];
   std::size_t nv_len = 0;
   std::uint32_t nv_id = 0;
-  if (options_.nvtx) {
+  if (options_.nvtx || options_.phases) {
     if (NvtxIdHook id_hook = g_nvtx_id_hook.load(std::memory_order_acquire)) {
       nv_id = id_hook();  // a thread-local read; the writer thread makes the text
+    } else if (!options_.nvtx) {
+      // Phases only, and no id hook: nothing to record.
     } else if (NvtxRangeHook hook = g_nvtx_hook.load(std::memory_order_acquire)) {
       nv_len = hook(nv, kMaxNvtx);
       if (nv_len > kMaxNvtx) nv_len = kMaxNvtx;

@@ -29,6 +29,9 @@ class TraceLane;
 struct TraceOptions {
   std::size_t stack_depth = 0;        // trace_stacks:N native frames per record (0: none; max 64)
   bool nvtx = false;                  // trace_nvtx: record the current NVTX range name
+  // Consult the id hook (set_nvtx_id_hooks) even without `nvtx`: the shim's reports the C API's
+  // phases (cudalloc_phase_push), which are recorded whether or not NVTX ranges are.
+  bool phases = false;
   // Records held in memory per allocating thread (each has its own lane); rounded up to a power
   // of two. 16384 records are about 1.3 MB a thread, without stacks.
   std::size_t ring_capacity = 16384;

@@ -2,6 +2,7 @@
 
 #include "trace/trace_clock.h"
 #include "trace/trace_lanes.h"
+#include "trace/owned_file.h"
 
 #include <execinfo.h>
 #include <fcntl.h>
@@ -264,39 +265,25 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Tr
 }
 
 bool TraceWriter::open_file(bool allow_base, std::string* error) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-  auto check = [&](int fd, const std::string& p) -> bool {
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      *error = "cudalloc: trace path " + p + " is not a regular file; not tracing";
-      return false;
-    }
-    int fl = ::fcntl(fd, F_GETFL);
-    if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    return true;
+  // The rules of trace/owned_file.h: created 0600 and exclusively, or else an existing regular
+  // file of this user's with one name; never a symlink, a FIFO, or another user's file.
+  auto open_owned = [&](const std::string& p) -> int {
+    std::string why;
+    const int fd = open_owned_file(p, 0, 0600, &why);
+    if (fd < 0) *error = "cudalloc: trace path " + p + " " + why + "; not tracing";
+    return fd;
   };
-  auto open_error = [&](const std::string& p) {
-    int e = errno;
-    if (e == ELOOP) {
-      *error = "cudalloc: trace path " + p + " is a symbolic link; not followed, not tracing";
-    } else {
-      *error = "cudalloc: cannot open trace " + p + ": " + std::strerror(e);
-    }
+  auto truncate = [&](int fd, const std::string& p) -> bool {
+    if (::ftruncate(fd, 0) == 0) return true;
+    *error = "cudalloc: cannot truncate trace " + p + ": " + std::strerror(errno);
+    ::close(fd);
+    return false;
   };
   if (allow_base) {
-    int fd = ::open(base_path_.c_str(), kFlags, 0640);
-    if (fd < 0) {
-      open_error(base_path_);
-      return false;
-    }
-    if (!check(fd, base_path_)) return false;
+    const int fd = open_owned(base_path_);
+    if (fd < 0) return false;
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      if (::ftruncate(fd, 0) != 0) {
-        *error = "cudalloc: cannot truncate trace " + base_path_ + ": " + std::strerror(errno);
-        ::close(fd);
-        return false;
-      }
+      if (!truncate(fd, base_path_)) return false;  // sequential runs overwrite their trace
       fd_ = fd;
       file_path_ = base_path_;
       return true;
@@ -304,12 +291,8 @@ bool TraceWriter::open_file(bool allow_base, std::string* error) {
     ::close(fd);  // another live process writes `path`
   }
   std::string p = base_path_ + "." + std::to_string(pid_);
-  int fd = ::open(p.c_str(), kFlags | O_TRUNC, 0640);
-  if (fd < 0) {
-    open_error(p);
-    return false;
-  }
-  if (!check(fd, p)) return false;
+  const int fd = open_owned(p);
+  if (fd < 0 || !truncate(fd, p)) return false;
   (void)::flock(fd, LOCK_EX | LOCK_NB);
   fd_ = fd;
   file_path_ = p;

@@ -61,12 +61,13 @@ class TraceWriter final : public AllocatorObserver {
   static constexpr std::size_t kMaxStackDepth = 64;
   static constexpr std::size_t kMaxNvtx = 64;
 
-  // Opens the trace for this process. The rule, with O_NOFOLLOW|O_CLOEXEC and mode 0640:
+  // Opens the trace for this process. The rule (trace/owned_file.h: new files 0600, created
+  // exclusively; an existing one only if it is a regular file of this user's with one name):
   //  - open (or create) `path` and take an exclusive flock on it without waiting; if that
   //    works, truncate it and write there (sequential runs overwrite their trace);
   //  - if another live process holds the lock, write `path.PID` instead.
   // Returns null, with the reason in `*error`, in secure-execution mode (AT_SECURE), when `path`
-  // is a symlink or not a regular file, or when it cannot be opened.
+  // is a symlink, not a regular file, another user's, or hard-linked, or cannot be opened.
   static std::unique_ptr<TraceWriter> open(const std::string& path, const TraceOptions& options,
                                            std::string* error = nullptr);
 

@@ -23,6 +23,7 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
     live = {}
     ooms = []
     dropped = 0
+    lost_disk_full = 0  # `dropped` records with reason=disk_full: the file system refused them
     first_ts = last_ts = None
     seq = 0
     for r in trace.records():
@@ -32,7 +33,10 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
             first_ts = r.ts_ns
         last_ts = r.ts_ns if last_ts is None else max(last_ts, r.ts_ns)
         if r.event == "dropped":
-            dropped += r.count
+            if r.extra.get("reason") == "disk_full":
+                lost_disk_full += r.count
+            else:
+                dropped += r.count
             continue
         d = dev.get(r.device)
         if d is None:
@@ -101,6 +105,7 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
         "records": sum(counts.values()),
         "duration_ns": (last_ts - first_ts) if first_ts is not None else 0,
         "dropped": dropped,
+        "lost_disk_full": lost_disk_full,
         "devices": {str(k): v for k, v in sorted(dev.items())},
         "counts": dict(sorted(counts.items())),
         "cache_hits": hits,
@@ -149,6 +154,9 @@ def print_summary(s, out):
     if s["dropped"]:
         w("WARNING: the writer dropped %d records (its ring was full); totals below are exact, "
           "counts are not\n" % s["dropped"])
+    if s.get("lost_disk_full"):
+        w("WARNING: %d records lost: disk full; totals below are exact, counts are not\n"
+          % s["lost_disk_full"])
     w("\n")
     if not s["devices"]:
         w("no allocator events\n")

@@ -78,6 +78,16 @@ def bad_config_atexit(exe):
     return 0 if all(checks.values()) else 1
 
 
+def tiny_limit(exe):
+    """A per-device limit below the smallest segment is named at start-up, once per device,
+    and every allocation then fails as out of memory (the program is told why)."""
+    env = dict(os.environ, CUDALLOC_CONF='per_process_memory_fraction:1e-300', CUDALLOC_LOG_LEVEL='warn')
+    p = subprocess.run([exe, 'caching'], env=env, capture_output=True, text=True, timeout=30)
+    warned = [l for l in p.stderr.splitlines() if 'below the smallest segment' in l]
+    print('rc', p.returncode, 'warnings:', warned)
+    return 0 if len(warned) == 1 and 'device 0' in warned[0] and 'CUDA_ERROR_OUT_OF_MEMORY' in warned[0] else 1
+
+
 def traced(argv, passthrough=False):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, 'run.trace')
@@ -251,6 +261,8 @@ if __name__ == '__main__':
         sys.exit(needed(arg))
     if mode == 'bad_config':
         sys.exit(bad_config(arg))
+    if mode == 'tiny_limit':
+        sys.exit(tiny_limit(arg))
     if mode == 'bad_config_atexit':
         sys.exit(bad_config_atexit(arg))
     if mode == 'bad_config_no_cuda':

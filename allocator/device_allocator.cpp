@@ -93,8 +93,8 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   merge_deltas();
   take_back_refused();
   device_error = Status::kOk;
-  // Past this, rounding would overflow; no device has that much memory anyway.
-  constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
+  // Past kMaxRoundable, rounding would overflow; no device has that much memory anyway.
+  constexpr std::size_t kMaxRequest = kMaxRoundable;
   const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
   const PoolKind kind = SizeClasses::pool_for(rounded);
 
@@ -164,8 +164,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
 
 // Under the lock, the statistics merged.
 Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
-  constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
-  const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
+  const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
   ++stats.num_ooms;
   last_oom = make_oom_report(bytes, rounded, stream);
   notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);

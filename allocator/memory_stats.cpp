@@ -74,7 +74,7 @@ void MemoryStats::reset_peaks() {
 }
 
 std::string format_bytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   double value = static_cast<double>(bytes);
   std::size_t unit = 0;
   while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {

@@ -5,8 +5,9 @@
 namespace cudalloc {
 
 std::string OomReport::message() const {
-  std::string m = "CUDA out of memory. Tried to allocate " + format_bytes(requested) + " (rounded to " +
-                  format_bytes(rounded) + ") on device " + std::to_string(device) + ". Limit " +
+  const std::string how = rounded != 0 ? "rounded to " + format_bytes(rounded) : "more than any device can hold";
+  std::string m = "CUDA out of memory. Tried to allocate " + format_bytes(requested) + " (" + how +
+                  ") on device " + std::to_string(device) + ". Limit " +
                   format_bytes(limit) + " of " + format_bytes(device_total) + " total; " +
                   format_bytes(allocated) + " allocated by the program; " + format_bytes(reserved) +
                   " reserved by cudalloc; largest free block " + format_bytes(largest_free_block) + "; " +

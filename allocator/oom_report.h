@@ -14,7 +14,7 @@ struct OomReport {
   int device = 0;
   StreamHandle stream = 0;
   std::size_t requested = 0;          // what the program asked for
-  std::size_t rounded = 0;            // after size-class rounding
+  std::size_t rounded = 0;            // after size-class rounding; 0: too large to round
   std::size_t limit = 0;              // the memory limit in force
   std::size_t device_total = 0;
   std::size_t allocated = 0;          // bytes in live blocks

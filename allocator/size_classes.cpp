@@ -22,7 +22,8 @@ std::size_t roundup_power2_next_division(std::size_t bytes, std::size_t division
 std::size_t SizeClasses::round_slow(std::size_t bytes) const {
   if (bytes <= kMinBlockSize) return kMinBlockSize;
   const std::size_t divisions = divisions_for(bytes);
-  if (divisions > 1 && bytes > kMinBlockSize * divisions) {
+  // bytes > kMinBlockSize * divisions, without the product (it wraps for divisions >= 2^55).
+  if (divisions > 1 && divisions <= (bytes - 1) / kMinBlockSize) {
     return round_up(roundup_power2_next_division(bytes, divisions), kMinBlockSize);
   }
   return round_up(bytes, kMinBlockSize);

@@ -17,6 +17,13 @@ inline constexpr std::size_t kSmallBuffer = 2 * kMiB;     // segment size of the
 inline constexpr std::size_t kLargeBuffer = 20 * kMiB;    // segment size for 1-10 MiB requests
 inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // from here segments fit the request
 inline constexpr std::size_t kRoundLarge = 2 * kMiB;      // ...rounded up to this
+// The largest request that is rounded at all: past it every rounding rule would overflow, and
+// no device holds that much. A larger one is out of memory at once, its rounded size reported
+// as 0 ("cannot be rounded").
+inline constexpr std::size_t kMaxRoundable = ~std::size_t{0} / 2;
+// roundup_power2_divisions above this are refused (config.cpp): finer steps buy nothing, and
+// kMinBlockSize * divisions must not overflow in round_slow.
+inline constexpr std::size_t kMaxRoundupDivisions = std::size_t{1} << 20;
 
 class SizeClasses {
  public:

@@ -349,8 +349,10 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
                                               bool bridge) {
   {
     std::lock_guard lock(mutex);
-    const Status st = allocate(bytes, stream, out, async, reclaimer ? Try::kFirst : Try::kOnly, bridge);
-    if (st != Status::kOutOfMemory || !reclaimer) return st;
+    // A request no device could hold gains nothing from other contexts' caches.
+    const bool reclaim = reclaimer && bytes <= kMaxRoundable;
+    const Status st = allocate(bytes, stream, out, async, reclaim ? Try::kFirst : Try::kOnly, bridge);
+    if (st != Status::kOutOfMemory || !reclaim) return st;
   }
   // Out of memory, not yet reported: memory held elsewhere on the device, given back with no
   // lock of ours held (the other allocators may be reclaiming from this one meanwhile), buys

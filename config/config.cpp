@@ -2,6 +2,8 @@
 // environment variables. Nothing here logs or throws; errors come back as one line.
 #include "config/config.h"
 
+#include "allocator/size_classes.h"
+
 #include <stdlib.h>  // secure_getenv (glibc)
 
 #include <algorithm>
@@ -222,6 +224,17 @@ bool parse_bool(std::string_view s, bool& out) {
 
 bool power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+static_assert(kMaxRoundupDivisions == 1048576, "the messages below name the bound");
+
+// Divisions PyTorch would accept (a power of two) and cudalloc can honour: at most
+// kMaxRoundupDivisions. An empty string when `d` is fine, else why not.
+std::string divisions_problem(std::uint64_t d) {
+  if (d == 0) return {};
+  if (!power_of_two(d)) return "not a power of two or 0";
+  if (d > kMaxRoundupDivisions) return "more than " + std::to_string(kMaxRoundupDivisions);
+  return {};
+}
+
 // PyTorch's interval index of a list key of `mb` MiB (a power of two): log2(mb), clamped
 // to the last interval.
 std::size_t roundup_index(std::uint64_t mb) {
@@ -256,11 +269,11 @@ std::string parse_roundup(std::string_view value,
                           std::array<std::size_t, kRoundupIntervals>& out) {
   constexpr std::string_view key = "roundup_power2_divisions";
   constexpr std::string_view single_expected =
-      "expected a power of two (0 or 1: no rounding) or a list such as "
-      "[256:1,512:2,1024:4,>:8]";
+      "expected a power of two up to 1048576 (0 or 1: no rounding; PyTorch also requires a power "
+      "of two) or a list such as [256:1,512:2,1024:4,>:8]";
   constexpr std::string_view list_expected =
-      "expected [K:D,...,>:D] with K a power-of-two size in MiB, D a power of two or 0, and an "
-      "optional final >:D";
+      "expected [K:D,...,>:D] with K a power-of-two size in MiB, D 0 or a power of two up to "
+      "1048576, and an optional final >:D";
   std::string why;
 
   if (value.front() != '[') {
@@ -268,8 +281,8 @@ std::string parse_roundup(std::string_view value,
     if (!parse_u64(value, d, why)) {
       return conf_error(key, value, why + "; " + std::string(single_expected));
     }
-    if (d != 0 && !power_of_two(d)) {
-      return conf_error(key, value, "not a power of two; " + std::string(single_expected));
+    if (const std::string bad = divisions_problem(d); !bad.empty()) {
+      return conf_error(key, value, bad + "; " + std::string(single_expected));
     }
     out.fill(static_cast<std::size_t>(d));
     return {};
@@ -315,10 +328,8 @@ std::string parse_roundup(std::string_view value,
                         "divisions '" + quote(div_text) + "': " + why + "; " +
                             std::string(list_expected));
     }
-    if (d != 0 && !power_of_two(d)) {
-      return conf_error(key, value,
-                        "divisions " + std::to_string(d) + " is not a power of two or 0; " +
-                            std::string(list_expected));
+    if (const std::string bad = divisions_problem(d); !bad.empty()) {
+      return conf_error(key, value, "divisions " + std::to_string(d) + " is " + bad + "; " + std::string(list_expected));
     }
     const auto divisions = static_cast<std::size_t>(d);
 
@@ -361,7 +372,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
                       " (20 MiB is PyTorch's minimum, its kLargeBuffer)",
                       c.allocator.max_split_size);
     case Key::kMemoryLimitMb:
-      return parse_mb(key, value, 1, "", c.allocator.memory_limit_bytes);
+      // Below the smallest segment nothing could ever be served.
+      return parse_mb(key, value, kSmallBuffer / kMiB, " (the smallest segment is 2 MiB)", c.allocator.memory_limit_bytes);
     case Key::kFreeEpochMb:
       return parse_mb(key, value, 0, "", c.allocator.free_epoch_bytes);
     case Key::kMaxPendingMb:

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "allocator/memory_stats.h"
+#include "allocator/size_classes.h"
+
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
 #include "shim/log.h"
@@ -50,6 +53,14 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     several = next->states.size() > 1;
     publish_locked(next);
     log_debug("context %p (device %d): new allocator", static_cast<void*>(ctx), static_cast<int>(dev));
+    // per_process_memory_fraction is known in bytes only here, with the device's memory: a limit
+    // below the smallest segment fails every allocation, which a warning at start-up explains.
+    if (const std::size_t limit = state->allocator.memory_limit(); limit < kSmallBuffer && small_limit_warned_.insert(dev).second) {
+      log_warn("the memory limit on device %d is %s (per_process_memory_fraction=%g, memory_limit_mb=%zu), below "
+               "the smallest segment (%s): every allocation will fail with CUDA_ERROR_OUT_OF_MEMORY",
+               static_cast<int>(dev), format_bytes(limit).c_str(), options_.per_process_memory_fraction,
+               options_.memory_limit_bytes / kMiB, format_bytes(kSmallBuffer).c_str());
+    }
     if (state->allocator.expandable_ignored() && vm_warned_.insert(dev).second) {
       log_warn("expandable_segments is ignored on device %d: it has no virtual memory management "
                "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0, or the driver lacks its calls), "

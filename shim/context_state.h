@@ -148,13 +148,14 @@ class ContextRegistry {
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
-  std::mutex mutex_;  // writers, budgets_ and vm_warned_
+  std::mutex mutex_;  // writers, budgets_ and the warned sets
   // Each device's memory against the limit, shared by the allocators of its contexts (never
   // freed, as the states).
   std::map<CUdevice, std::shared_ptr<DeviceBudget>> budgets_;
   // Devices whose lack of virtual memory was reported (one warning each, whatever the contexts).
   std::set<CUdevice> vm_warned_;
   std::map<CUdevice, LimitSetting> limits_;  // set_limit
+  std::set<CUdevice> small_limit_warned_;
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const ContextList*> snapshot_{new ContextList};
   // Whether the snapshot has aliases: what a free on a default stream asks (default_of), in one

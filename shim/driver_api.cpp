@@ -33,7 +33,26 @@ const DriverApi* resolve(void* handle) {
   return api;
 }
 
+template <typename F>
+struct Refuse;
+template <typename... Args>
+struct Refuse<CUresult(Args...)> {
+  static CUresult call(Args...) { return CUDA_ERROR_NOT_INITIALIZED; }
+};
+
 }  // namespace
+
+void refuse_driver_calls() {
+  // Never freed, like the real table: calls may still be under way on other threads.
+  static const DriverApi* const refusing = [] {
+    auto* api = new DriverApi;
+#define CUDALLOC_REFUSE(name, type) api->name = &Refuse<type>::call;
+    CUDALLOC_DRIVER_FUNCTIONS(CUDALLOC_REFUSE)
+#undef CUDALLOC_REFUSE
+    return api;
+  }();
+  g_api.store(refusing, std::memory_order_release);
+}
 
 CUDALLOC_HOT const DriverApi* driver_if_loaded() {
   if (const DriverApi* api = g_api.load(std::memory_order_acquire)) return api;

@@ -99,6 +99,10 @@ struct DriverApi {
 // the driver (the dlsym override uses this: a lookup in some other library must not load it).
 const DriverApi* driver_if_loaded();
 
+// From now on every hook's call to the driver answers CUDA_ERROR_NOT_INITIALIZED (the
+// configuration was refused and the process is exiting; see runtime.cpp).
+void refuse_driver_calls();
+
 namespace detail {
 extern std::atomic<const DriverApi*> g_api;  // set once the table is resolved
 const DriverApi& driver_slow();

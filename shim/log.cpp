@@ -1,5 +1,7 @@
 #include "shim/log.h"
 
+#include "trace/owned_file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/auxv.h>
@@ -58,7 +60,7 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
     while (left > 0) {
       const ssize_t n = ::write(fd_, p, left);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
+      if (n <= 0) return;  // full disk or the like: the line is lost, the program goes on
       p += n;
       left -= static_cast<std::size_t>(n);
     }
@@ -69,22 +71,17 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
   int fd_;
 };
 
-// CUDALLOC_LOG_FILE is opened as the trace is (trace/trace_writer.cpp): never in
-// secure-execution mode, never through a symlink (O_NOFOLLOW), created 0640 (never
-// world-writable), close-on-exec, and O_NONBLOCK while opening so that a FIFO without a reader
-// cannot hang the program. Returns -1 with the reason in `why`.
+// CUDALLOC_LOG_FILE is never written in secure-execution mode, never through a symlink, and
+// only to a regular file of this user's that has no other name (trace/owned_file.h): a FIFO
+// held open by a process that never reads would block every log line, and a file someone else
+// made would receive it. New files are 0600 and close-on-exec. Returns -1 with the reason.
 int open_log_file(const std::string& file, std::string* why) {
   if (::getauxval(AT_SECURE) != 0) {
     *why = "log files are not written in secure-execution (setuid/setgid) processes";
     return -1;
   }
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
-  if (fd < 0) {
-    *why = errno == ELOOP ? "it is a symbolic link" : std::strerror(errno);
-    return -1;
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const int fd = open_owned_file(file, O_APPEND, 0600, why);
+  if (fd < 0) *why = "it " + *why;
   return fd;
 }
 

@@ -70,7 +70,7 @@ void arm_at_load() {
     std::strncpy(self, info.dli_fname, sizeof self - 1);
     self[sizeof self - 1] = '\0';
   }
-  const char* current = ::getenv(kInjectionVar);
+  const char* current = ::secure_getenv(kInjectionVar);
   if (current == nullptr) {
     if (::setenv(kInjectionVar, self, 0) == 0) g_state.store(kArmed);
     return;
@@ -440,7 +440,7 @@ void nvtx_connect_trace() {
     case kArmed:
       TraceWriter::set_nvtx_id_hooks(&nvtx_current_range, &nvtx_range_text);
       log_info("NVTX phases: this library is the NVTX injection (%s)",
-               ::getenv(kInjectionVar) != nullptr ? ::getenv(kInjectionVar) : "");
+               ::secure_getenv(kInjectionVar) != nullptr ? ::secure_getenv(kInjectionVar) : "");
       break;
     case kForeign:
       log_info("NVTX phases are off: %s already names another NVTX injection (%s)",

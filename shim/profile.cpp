@@ -1,5 +1,7 @@
 #include "shim/profile.h"
 
+#include <stdlib.h>  // secure_getenv (glibc)
+
 #include "allocator/types.h"
 
 #include <atomic>
@@ -43,7 +45,7 @@ std::atomic<int> detail::g_enabled{-1};
 bool detail::read_enabled() {
   // Once, whichever thread asks first (the static's guard), so atexit is registered once.
   static const bool on = [] {
-    const char* v = std::getenv("CUDALLOC_PROFILE");
+    const char* v = ::secure_getenv("CUDALLOC_PROFILE");
     const bool set = v != nullptr && std::strcmp(v, "1") == 0;
     if (set) std::atexit(print_at_exit);
     return set;

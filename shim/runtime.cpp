@@ -1,6 +1,7 @@
 #include "shim/runtime.h"
 
 #include <pthread.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -8,7 +9,9 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <string>
 
+#include "shim/driver_api.h"
 #include "shim/log.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
@@ -49,11 +52,21 @@ void after_fork_in_child() {
   }
 }
 
+// A refused configuration: the process exits with status 1 before any CUDA work. exit() runs
+// the program's atexit handlers and static destructors, and one that makes a CUDA call comes
+// back here, on this thread or another: it finds a runtime published before the lock was let
+// go (so it never waits for this thread, which holds nothing while it exits) whose driver
+// calls all answer CUDA_ERROR_NOT_INITIALIZED.
 const Runtime* init() {
-  std::lock_guard lock(g_init_mutex);
+  std::unique_lock lock(g_init_mutex);
   if (const Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;
   ConfigResult loaded = load_config(process_env());
   if (!loaded.config) {
+    auto* refused = new Runtime;  // never freed: hooks run during exit, after static destructors
+    refused->passthrough = true;  // no cache state: every hook goes to the refusing driver table
+    refuse_driver_calls();
+    g_runtime.store(refused, std::memory_order_release);
+    lock.unlock();
     std::fprintf(stderr, "cudalloc: %s\n", loaded.error.c_str());
     std::fflush(stderr);
     std::exit(1);
@@ -62,7 +75,8 @@ const Runtime* init() {
   rt->config = std::move(*loaded.config);
   log_configure(rt->config.log_level, rt->config.log_file);
   const char* reason = "";
-  const CacheMode mode = choose_mode(rt->config, sanitizer_env(environ), &reason);
+  // Like every variable cudalloc reads, the sanitizer's count for nothing in secure execution.
+  const CacheMode mode = choose_mode(rt->config, sanitizer_env(::getauxval(AT_SECURE) != 0 ? nullptr : environ), &reason);
   rt->passthrough = mode == CacheMode::kPassthrough;
   // One NVTX heap per segment; an expandable segment's chunks come and go inside one
   // reservation, which the heap model does not describe without more bookkeeping.

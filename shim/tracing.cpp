@@ -72,6 +72,14 @@ int current_device() {
   return api.cuCtxGetDevice != nullptr && api.cuCtxGetDevice(&d) == CUDA_SUCCESS ? static_cast<int>(d) : 0;
 }
 
+// The writer's messages (a refused write, the records it lost) in cudalloc's log.
+void trace_message(const char* message) noexcept {
+  try {
+    log_warn("%s", message);
+  } catch (...) {
+  }
+}
+
 void flush_at_exit() {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->finish();
 }
@@ -106,6 +114,7 @@ void start_tracing_and_stats(const Config& config) {
     options.clock = config.trace_tsc ? TraceClockSource::kTsc : TraceClockSource::kMonotonic;
     options.stream_label = program_stream;
     std::string error;
+    TraceWriter::set_message_hook(&trace_message);
     std::unique_ptr<TraceWriter> w = TraceWriter::open(config.trace_path, options, &error);
     if (w == nullptr) {
       log_error("cannot write the trace %s: %s", config.trace_path.c_str(), error.c_str());

@@ -2,6 +2,7 @@
 
 #include "trace/trace_clock.h"
 #include "trace/trace_lanes.h"
+#include "trace/owned_file.h"
 
 #include <execinfo.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <charconv>
 #include <cstring>
 #include <ctime>
@@ -160,6 +162,12 @@ struct TraceWriter::Impl {
   std::vector<std::uint64_t> cursor;  // drain_locked's per-lane positions (consumer only)
   std::vector<std::uint64_t> limit;
   TickConverter ticks;  // consumer only
+  // Write failures (a full disk): consumer only, but for the totals read at exit.
+  std::uint64_t file_size = 0;        // bytes in the file, always whole lines
+  std::uint64_t lost_pending = 0;     // records refused by the file system, not yet counted in it
+  std::atomic<std::uint64_t> lost_total{0};
+  int write_errno = 0;                // the first refusal's errno (0: none yet)
+  std::atomic<bool> write_error_due{false};  // a first refusal to log, outside the consumer lock
 };
 
 namespace {
@@ -197,6 +205,33 @@ void lane_thread_exit(void* handle) noexcept {
 void make_lane_key() noexcept { (void)pthread_key_create(&g_lane_key, &lane_thread_exit); }
 
 }  // namespace
+
+namespace {
+std::atomic<TraceWriter::WriteFn> g_write_fn{&::write};
+std::atomic<TraceWriter::MessageHook> g_message_hook{nullptr};
+
+const char* lost_reason(int err) noexcept { return err == ENOSPC || err == EDQUOT ? "disk_full" : "write_error"; }
+
+// Count of record lines (not '#' comments) in whole lines of data[0, n).
+std::uint64_t record_lines(const char* data, std::size_t n) noexcept {
+  std::uint64_t count = 0;
+  bool line_start = true, record = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (line_start) record = data[i] != '#';
+    line_start = data[i] == '\n';
+    if (line_start && record) ++count;
+  }
+  return count;
+}
+}  // namespace
+
+void TraceWriter::set_write_for_testing(WriteFn fn) noexcept {
+  g_write_fn.store(fn != nullptr ? fn : &::write, std::memory_order_release);
+}
+
+void TraceWriter::set_message_hook(MessageHook hook) noexcept { g_message_hook.store(hook, std::memory_order_release); }
+
+std::uint64_t TraceWriter::lost_total() const noexcept { return impl_->lost_total.load(std::memory_order_relaxed); }
 
 namespace {
 std::atomic<TraceWriter*> g_signal_writer{nullptr};
@@ -264,39 +299,25 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Tr
 }
 
 bool TraceWriter::open_file(bool allow_base, std::string* error) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-  auto check = [&](int fd, const std::string& p) -> bool {
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      *error = "cudalloc: trace path " + p + " is not a regular file; not tracing";
-      return false;
-    }
-    int fl = ::fcntl(fd, F_GETFL);
-    if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    return true;
+  // The rules of trace/owned_file.h: created 0600 and exclusively, or else an existing regular
+  // file of this user's with one name; never a symlink, a FIFO, or another user's file.
+  auto open_owned = [&](const std::string& p) -> int {
+    std::string why;
+    const int fd = open_owned_file(p, 0, 0600, &why);
+    if (fd < 0) *error = "cudalloc: trace path " + p + " " + why + "; not tracing";
+    return fd;
   };
-  auto open_error = [&](const std::string& p) {
-    int e = errno;
-    if (e == ELOOP) {
-      *error = "cudalloc: trace path " + p + " is a symbolic link; not followed, not tracing";
-    } else {
-      *error = "cudalloc: cannot open trace " + p + ": " + std::strerror(e);
-    }
+  auto truncate = [&](int fd, const std::string& p) -> bool {
+    if (::ftruncate(fd, 0) == 0) return true;
+    *error = "cudalloc: cannot truncate trace " + p + ": " + std::strerror(errno);
+    ::close(fd);
+    return false;
   };
   if (allow_base) {
-    int fd = ::open(base_path_.c_str(), kFlags, 0640);
-    if (fd < 0) {
-      open_error(base_path_);
-      return false;
-    }
-    if (!check(fd, base_path_)) return false;
+    const int fd = open_owned(base_path_);
+    if (fd < 0) return false;
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      if (::ftruncate(fd, 0) != 0) {
-        *error = "cudalloc: cannot truncate trace " + base_path_ + ": " + std::strerror(errno);
-        ::close(fd);
-        return false;
-      }
+      if (!truncate(fd, base_path_)) return false;  // sequential runs overwrite their trace
       fd_ = fd;
       file_path_ = base_path_;
       return true;
@@ -304,28 +325,103 @@ bool TraceWriter::open_file(bool allow_base, std::string* error) {
     ::close(fd);  // another live process writes `path`
   }
   std::string p = base_path_ + "." + std::to_string(pid_);
-  int fd = ::open(p.c_str(), kFlags | O_TRUNC, 0640);
-  if (fd < 0) {
-    open_error(p);
-    return false;
-  }
-  if (!check(fd, p)) return false;
+  const int fd = open_owned(p);
+  if (fd < 0 || !truncate(fd, p)) return false;
   (void)::flock(fd, LOCK_EX | LOCK_NB);
   fd_ = fd;
   file_path_ = p;
   return true;
 }
 
+// Whole lines only, so that the file always ends with one: a refused write (a full disk, a file
+// size limit) cuts the file back to the last whole line it wrote and counts the records it
+// lost. Once the file system takes lines again, a `dropped` record with reason=disk_full says
+// how many were lost, so a reader does not take the gap for a process killed mid-write.
+// Async-signal-safe (the fatal-signal flush writes through here): no allocation, no log.
 void TraceWriter::write_out(const char* data, std::size_t n) noexcept {
-  while (n > 0 && fd_ >= 0) {
-    ssize_t w = ::write(fd_, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // disk full or similar: the rest of this chunk is lost
+  if (fd_ < 0 || n == 0) return;
+  if (write_lines(data, n) && impl_->lost_pending != 0) write_lost_record();
+}
+
+bool TraceWriter::write_lines(const char* data, std::size_t n) noexcept {
+  Impl& im = *impl_;
+  const WriteFn write_fn = g_write_fn.load(std::memory_order_acquire);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t w = write_fn(fd_, data + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;
+      std::size_t keep = done;
+      while (keep > 0 && data[keep - 1] != '\n') --keep;
+      im.file_size += keep;
+      if (keep != done) {
+        (void)::ftruncate(fd_, static_cast<off_t>(im.file_size));
+        (void)::lseek(fd_, static_cast<off_t>(im.file_size), SEEK_SET);
+      }
+      const std::uint64_t lost = record_lines(data + keep, n - keep);
+      im.lost_pending += lost;
+      im.lost_total.fetch_add(lost, std::memory_order_relaxed);
+      if (im.write_errno == 0) {
+        im.write_errno = err;
+        im.write_error_due.store(true, std::memory_order_release);
+      }
+      return false;
     }
-    data += w;
-    n -= static_cast<std::size_t>(w);
+    done += static_cast<std::size_t>(w);
   }
+  im.file_size += n;
+  return true;
+}
+
+// `dropped` with the count of records the file system refused (format_record's layout).
+void TraceWriter::write_lost_record() noexcept {
+  Impl& im = *impl_;
+  char line[160];
+  Out o{line};
+  o.i64(im.ticks.now_ns());
+  o.ch(',');
+  o.i64(pid_);
+  o.str(",0,-1,dropped,-,0x0,0,0,ok,0,0,0,count=");
+  o.u64(im.lost_pending);
+  o.str(";reason=");
+  o.str(lost_reason(im.write_errno));
+  o.ch('\n');
+  const std::uint64_t pending = im.lost_pending;
+  im.lost_pending = 0;
+  if (!write_lines(line, static_cast<std::size_t>(o.p - line))) {
+    // Refused too: its own line is not a record that was lost, the count it carried still is.
+    im.lost_pending += pending - 1;
+    im.lost_total.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+// Outside the consumer lock and never from a signal handler: the hook may log.
+void TraceWriter::report_write_errors(bool at_exit) noexcept {
+  Impl& im = *impl_;
+  char msg[512];
+  if (im.write_error_due.exchange(false, std::memory_order_acq_rel)) {
+    std::snprintf(msg, sizeof msg,
+                  "trace %s: the file system refused a write (%s); records are lost until it takes them "
+                  "again, and the trace will say how many",
+                  file_path_.c_str(), std::strerror(im.write_errno));
+    emit_message(msg);
+  }
+  const std::uint64_t lost = im.lost_total.load(std::memory_order_relaxed);
+  if (at_exit && lost != 0) {
+    std::snprintf(msg, sizeof msg, "trace %s: %llu records lost: %s", file_path_.c_str(),
+                  static_cast<unsigned long long>(lost),
+                  std::strcmp(lost_reason(im.write_errno), "disk_full") == 0 ? "disk full" : "write error");
+    emit_message(msg);
+  }
+}
+
+void TraceWriter::emit_message(const char* msg) noexcept {
+  if (MessageHook hook = g_message_hook.load(std::memory_order_acquire)) {
+    hook(msg);
+    return;
+  }
+  std::fprintf(stderr, "cudalloc: %s\n", msg);
 }
 
 void TraceWriter::flush_buffer() noexcept {
@@ -724,6 +820,7 @@ void TraceWriter::thread_main() noexcept {
       taken = drain_locked(false);
       flush_buffer();
       unlock_consumer();
+      if (impl_->write_error_due.load(std::memory_order_relaxed)) report_write_errors(false);
     }
     if (taken >= kBusyPass) continue;  // behind: keep going
     if (taken > 0 && !paused_.load(std::memory_order_relaxed)) {
@@ -773,6 +870,7 @@ void TraceWriter::flush() noexcept {
   flush_buffer();
   if (options_.stack_depth > 0) write_maps();  // libraries loaded since open()
   unlock_consumer();
+  if (impl_->write_error_due.load(std::memory_order_relaxed)) report_write_errors(false);
 }
 
 TraceWriter::~TraceWriter() {
@@ -796,15 +894,21 @@ void TraceWriter::finish() noexcept {
   drain_locked(true);
   flush_buffer();
   if (options_.stack_depth > 0) write_maps();
-  char end[128];
+  if (impl_->lost_pending != 0) write_lost_record();
+  char end[160];
   Out o{end};
   o.str("# end records=");
   o.u64(written_total_.load());
   o.str(" dropped=");
   o.u64(dropped_total());
+  if (const std::uint64_t lost = impl_->lost_total.load(std::memory_order_relaxed); lost != 0) {
+    o.str(" lost=");
+    o.u64(lost);
+  }
   o.ch('\n');
   write_out(end, static_cast<std::size_t>(o.p - end));
   unlock_consumer();
+  report_write_errors(true);
 }
 
 void TraceWriter::after_fork_child() noexcept {
@@ -825,6 +929,11 @@ void TraceWriter::after_fork_child() noexcept {
   impl_->lane_failures.store(0);
   impl_->lane_failures_reported.store(0);
   impl_->buf_len = 0;
+  impl_->file_size = 0;
+  impl_->lost_pending = 0;
+  impl_->lost_total.store(0);
+  impl_->write_errno = 0;
+  impl_->write_error_due.store(false);
   finished_.store(false);
   if (fd_ >= 0) ::close(fd_);  // the parent's file (its lock stays with the parent)
   fd_ = -1;

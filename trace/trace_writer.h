@@ -19,6 +19,8 @@
 #include <memory>
 #include <string>
 
+#include <sys/types.h>
+
 #include "allocator/events.h"
 #include "trace/trace_clock.h"
 
@@ -64,12 +66,13 @@ class TraceWriter final : public AllocatorObserver {
   static constexpr std::size_t kMaxStackDepth = 64;
   static constexpr std::size_t kMaxNvtx = 64;
 
-  // Opens the trace for this process. The rule, with O_NOFOLLOW|O_CLOEXEC and mode 0640:
+  // Opens the trace for this process. The rule (trace/owned_file.h: new files 0600, created
+  // exclusively; an existing one only if it is a regular file of this user's with one name):
   //  - open (or create) `path` and take an exclusive flock on it without waiting; if that
   //    works, truncate it and write there (sequential runs overwrite their trace);
   //  - if another live process holds the lock, write `path.PID` instead.
   // Returns null, with the reason in `*error`, in secure-execution mode (AT_SECURE), when `path`
-  // is a symlink or not a regular file, or when it cannot be opened.
+  // is a symlink, not a regular file, another user's, or hard-linked, or cannot be opened.
   static std::unique_ptr<TraceWriter> open(const std::string& path, const TraceOptions& options,
                                            std::string* error = nullptr);
 
@@ -109,6 +112,17 @@ class TraceWriter final : public AllocatorObserver {
   // Records lost to a full lane so far (all reported, or to be reported, in `dropped` records).
   std::uint64_t dropped_total() const noexcept;
   std::uint64_t written_total() const { return written_total_.load(std::memory_order_relaxed); }
+  // Records the file system refused (a full disk): counted in a `dropped` record with
+  // reason=disk_full once it takes lines again, in the end line's lost=, and logged at exit.
+  std::uint64_t lost_total() const noexcept;
+
+  // Where the writer's messages go (a refused write, once; the lost count at exit): the shim's
+  // log. Null: stderr. Called on the writer thread or at exit, never in a signal handler.
+  using MessageHook = void (*)(const char* message) noexcept;
+  static void set_message_hook(MessageHook hook) noexcept;
+  // For tests: the write(2) the writer calls (null: write(2) itself), to play a full disk.
+  using WriteFn = ssize_t (*)(int fd, const void* data, std::size_t n);
+  static void set_write_for_testing(WriteFn fn) noexcept;
 
   // For tests: lanes created so far (one per thread recording at once, reused after exit).
   std::size_t lanes_for_testing() const noexcept;
@@ -129,6 +143,10 @@ class TraceWriter final : public AllocatorObserver {
   void write_header() noexcept;
   void write_maps() noexcept;
   void write_out(const char* data, std::size_t n) noexcept;
+  bool write_lines(const char* data, std::size_t n) noexcept;
+  void write_lost_record() noexcept;
+  void report_write_errors(bool at_exit) noexcept;
+  static void emit_message(const char* msg) noexcept;
   void flush_buffer() noexcept;
   bool lock_consumer(bool from_signal) noexcept;
   void unlock_consumer() noexcept;

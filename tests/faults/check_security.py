@@ -3,10 +3,17 @@
 
   check_security.py symlinks PROGRAM   PROGRAM: test_bad_input (it provokes warnings)
   check_security.py setuid PROBE       PROBE: secure_probe
+  check_security.py files PROBE        PROBE: secure_probe
 
 symlinks: CUDALLOC_LOG_FILE and CUDALLOC_TRACE naming a symlink to a victim file: the victim
 is untouched and the program still runs; naming a new file: it is created without group/other
 write permission.
+
+files: CUDALLOC_LOG_FILE and CUDALLOC_TRACE naming a FIFO that another process holds open
+without reading, a hard link to another file, or (as root) a file another user created with
+mode 0666: each is refused with a message, nothing is written through it, and the program runs
+to its end (a FIFO used to block it for good once the pipe filled). An existing file of the
+user's own with one name is still written.
 
 setuid: PROBE copied setuid-root and run as nobody (setpriv) is in secure-execution mode:
 load_config() sees no CUDALLOC_* path, and neither the log nor the trace writer creates a file
@@ -127,11 +134,112 @@ def setuid(probe):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_probe(probe, log, trace, warnings):
+    """Runs PROBE; returns (stdout, stderr); fails the test if it hangs or fails."""
+    try:
+        r = subprocess.run([probe, log, trace, str(warnings)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=30)
+    except subprocess.TimeoutExpired:
+        fail("the program hung with CUDALLOC_LOG_FILE=%s CUDALLOC_TRACE=%s" % (log, trace))
+    if r.returncode != 0:
+        fail("the probe failed (%d): %s" % (r.returncode, r.stderr.decode()[-800:]))
+    return r.stdout.decode(), r.stderr.decode()
+
+
+def expect_refused(probe, d, path, kind, reason, warnings=1):
+    """PROBE with `path` as the log and then as the trace: refused with `reason`."""
+    other = os.path.join(d, "other-" + kind)
+    out, err = run_probe(probe, path, other + ".trace", warnings)
+    if "CUDALLOC_LOG_FILE %s: it %s" % (path, reason) not in err:
+        fail("log %s: no refusal naming %r: %s" % (kind, reason, err[:400]))
+    if "secure_probe: warning 0" not in err:
+        fail("log %s: the warnings did not go to stderr instead" % kind)
+    out, err = run_probe(probe, other + ".log", path, 1)
+    if "trace_opened=0" not in out or ("trace path %s %s" % (path, reason)) not in out:
+        fail("trace %s: not refused with %r: %s" % (kind, reason, out))
+    print("ok: %s refused as log and as trace (%s)" % (kind, reason))
+
+
+def files(probe):
+    with tempfile.TemporaryDirectory(prefix="cudalloc-files-") as d:
+        # A FIFO another process holds open and never reads: enough warnings to fill its pipe.
+        fifo = os.path.join(d, "fifo")
+        os.mkfifo(fifo, 0o600)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            expect_refused(probe, d, fifo, "a FIFO held open", "is not a regular file", warnings=20000)
+            try:
+                got = os.read(reader, 1 << 16)
+            except BlockingIOError:
+                got = b""
+            if got:
+                fail("the FIFO received %d bytes" % len(got))
+        finally:
+            os.close(reader)
+
+        # A hard link to a file elsewhere: neither appended to nor truncated.
+        victim = os.path.join(d, "victim")
+        with open(victim, "w") as f:
+            f.write("precious\n")
+        link = os.path.join(d, "hardlink")
+        os.link(victim, link)
+        expect_refused(probe, d, link, "a hard link", "has 2 hard links")
+        with open(victim) as f:
+            if f.read() != "precious\n":
+                fail("the hard link's other name was written")
+
+        # Another user's file, world-writable: not adopted.
+        if os.geteuid() == 0:
+            foreign = os.path.join(d, "foreign")
+            with open(foreign, "w"):
+                pass
+            os.chown(foreign, 65534, 65534)
+            os.chmod(foreign, 0o666)
+            expect_refused(probe, d, foreign, "another user's file", "is owned by uid 65534")
+            if os.path.getsize(foreign) != 0:
+                fail("another user's file received %d bytes" % os.path.getsize(foreign))
+        else:
+            print("skipped: another user's file (needs root to make one)")
+
+        # Control: existing files of the user's own with one name are used (the log appended to,
+        # the trace overwritten), and new ones are made 0600.
+        log, trace = os.path.join(d, "own.log"), os.path.join(d, "own.trace")
+        for p in (log, trace):
+            with open(p, "w") as f:
+                f.write("old\n")
+            os.chmod(p, 0o600)
+        out, err = run_probe(probe, log, trace, 3)
+        with open(log) as f:
+            text = f.read()
+        if not text.startswith("old\n") or "secure_probe: warning 2" not in text:
+            fail("own log file not appended to: %r" % text[:200])
+        with open(trace) as f:
+            text = f.read()
+        if "trace_opened=1" not in out or not text.startswith("#cudalloc-trace v1"):
+            fail("own trace file not written: %s %r" % (out, text[:100]))
+        new_log, new_trace = os.path.join(d, "new.log"), os.path.join(d, "new.trace")
+        run_probe(probe, new_log, new_trace, 1)
+        for p in (new_log, new_trace):
+            mode = stat.S_IMODE(os.stat(p).st_mode)
+            if mode != 0o600 and mode != 0o600 & ~current_umask():
+                fail("%s created with mode %o" % (p, mode))
+        print("ok: the user's own files are written; new ones are created 0600")
+    return 0
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
     mode, target = sys.argv[1], sys.argv[2]
+    if mode == "files":
+        return files(target)
     return symlinks(target) if mode == "symlinks" else setuid(target)
 
 

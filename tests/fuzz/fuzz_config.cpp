@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "allocator/size_classes.h"
 #include "config/config.h"
 
 using namespace cudalloc;
@@ -42,11 +43,15 @@ void check_result(const ConfigResult& r) {
   if (!(a.garbage_collection_threshold >= 0.0 && a.garbage_collection_threshold < 1.0)) {
     violation("garbage_collection_threshold out of range", std::to_string(a.garbage_collection_threshold));
   }
+  if (a.memory_limit_bytes != 0 && a.memory_limit_bytes < cudalloc::kSmallBuffer) {
+    violation("memory limit below the smallest segment", std::to_string(a.memory_limit_bytes));
+  }
   if (!(a.per_process_memory_fraction > 0.0 && a.per_process_memory_fraction <= 1.0)) {
     violation("per_process_memory_fraction out of range", std::to_string(a.per_process_memory_fraction));
   }
   for (std::size_t d : a.roundup_power2_divisions) {
     if (d > 1 && (d & (d - 1)) != 0) violation("roundup division not a power of two", std::to_string(d));
+    if (d > cudalloc::kMaxRoundupDivisions) violation("roundup division too large to honour", std::to_string(d));
   }
   const std::string desc = describe(c);
   if (desc.find('\n') != std::string::npos) violation("describe() is not one line", desc);

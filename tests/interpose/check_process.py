@@ -27,6 +27,7 @@ import os, re, subprocess, sys, tempfile
 
 ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'ld-linux')
 BAD_CONF = 'max_split_size_mb:banana'
+CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h
 
 
 def needed(lib):
@@ -50,6 +51,41 @@ def bad_config(exe, touches_cuda=True):
     if p.returncode != 1 or len(lines) != 1 or not lines[0].startswith('cudalloc:'):
         return 1
     return 0
+
+
+def bad_config_atexit(exe):
+    """A refused configuration exits; exit handlers' CUDA calls get CUDA_ERROR_NOT_INITIALIZED
+    instead of waiting for the initialisation lock the exiting thread held (a hang before)."""
+    env = dict(os.environ, CUDALLOC_CONF=BAD_CONF)
+    try:
+        p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        print('FAIL: the program hung at exit (the late CUDA calls waited for the init lock)')
+        return 1
+    err = [l for l in p.stderr.splitlines() if l.strip()]
+    out = p.stdout.splitlines()
+    print('rc', p.returncode, 'stderr:', err, 'stdout:', out)
+    late = [l for l in out if ': cuMemAlloc ' in l]
+    want = 'cuMemAlloc %d cuMemFree %d' % (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_INITIALIZED)
+    checks = {
+        'exit status 1': p.returncode == 1,
+        'one error line': len(err) == 1 and err[0].startswith('cudalloc:') and BAD_CONF.split(':')[0] in err[0],
+        'three late callers': sorted(l.split(':')[0] for l in late) ==
+            ['atexit handler', 'static destructor', 'thread started during exit'],
+        'each refused': all(l.endswith(want) for l in late),
+    }
+    print(checks)
+    return 0 if all(checks.values()) else 1
+
+
+def tiny_limit(exe):
+    """A per-device limit below the smallest segment is named at start-up, once per device,
+    and every allocation then fails as out of memory (the program is told why)."""
+    env = dict(os.environ, CUDALLOC_CONF='per_process_memory_fraction:1e-300', CUDALLOC_LOG_LEVEL='warn')
+    p = subprocess.run([exe, 'caching'], env=env, capture_output=True, text=True, timeout=30)
+    warned = [l for l in p.stderr.splitlines() if 'below the smallest segment' in l]
+    print('rc', p.returncode, 'warnings:', warned)
+    return 0 if len(warned) == 1 and 'device 0' in warned[0] and 'CUDA_ERROR_OUT_OF_MEMORY' in warned[0] else 1
 
 
 def traced(argv, passthrough=False):
@@ -225,6 +261,10 @@ if __name__ == '__main__':
         sys.exit(needed(arg))
     if mode == 'bad_config':
         sys.exit(bad_config(arg))
+    if mode == 'tiny_limit':
+        sys.exit(tiny_limit(arg))
+    if mode == 'bad_config_atexit':
+        sys.exit(bad_config_atexit(arg))
     if mode == 'bad_config_no_cuda':
         sys.exit(bad_config(arg, touches_cuda=False))
     sys.exit('unknown mode ' + mode)

@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -812,7 +814,7 @@ TEST_CASE("a symlink or a non-regular file at the path is refused, never followe
   CHECK(!err.empty());
   err.clear();
   CHECK(TraceWriter::open(dir / "no/such/dir/t.csv", {}, &err) == nullptr);
-  CHECK(err.find("cannot open") != std::string::npos);
+  CHECK(err.find("cannot be created: No such file or directory") != std::string::npos);
 }
 
 TEST_CASE("a second run overwrites the trace of the first") {
@@ -830,4 +832,119 @@ TEST_CASE("a second run overwrites the trace of the first") {
   auto rows = records(path);
   REQUIRE(rows.size() == 1);
   CHECK(rows[0]["ptr"] == "0x77");
+}
+
+namespace {
+// A file system that takes `g_room` more bytes, then refuses with ENOSPC (a partial write
+// first, as a real one does at the boundary).
+std::atomic<long> g_room{-1};  // -1: no limit
+std::atomic<long> g_refused{0};
+std::vector<std::string> g_messages;
+void keep_message(const char* m) noexcept { g_messages.emplace_back(m); }
+ssize_t full_disk_write(int fd, const void* data, std::size_t n) {
+  long room = g_room.load();
+  if (room < 0) return ::write(fd, data, n);
+  if (room == 0) {
+    g_refused.fetch_add(1);
+    errno = ENOSPC;
+    return -1;
+  }
+  const std::size_t take = std::min<std::size_t>(n, static_cast<std::size_t>(room));
+  const ssize_t w = ::write(fd, data, take);
+  if (w > 0) g_room.fetch_sub(w);
+  return w;
+}
+}  // namespace
+
+TEST_CASE("a full disk loses records whole, counts them in the trace and the reader says so") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  TraceWriter::set_write_for_testing(&full_disk_write);
+  g_room = -1;
+  g_refused = 0;
+  constexpr int kBefore = 40, kDuring = 300, kAfter = 25;
+  std::uint64_t lost = 0;
+  {
+    auto w = TraceWriter::open(path, {});
+    REQUIRE(w != nullptr);
+    w->pause_writer_for_testing(true);
+    for (int i = 0; i < kBefore; ++i) w->on_event(event(0x1000 + i));
+    w->flush();
+    // Room for a few records and part of one more: the write is cut mid-line.
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    const std::size_t line = read_lines(path).back().size() + 1;
+    g_room = static_cast<long>(line * 3 + line / 2);
+    for (int i = 0; i < kDuring; ++i) w->on_event(event(0x100000 + i));
+    w->flush();
+    CHECK(g_refused.load() > 0);
+    lost = w->lost_total();
+    CHECK(lost > 0);
+    CHECK(lost < std::uint64_t(kDuring));
+    // The file still ends with a whole line: the cut record is gone, not half there.
+    {
+      std::ifstream in(path, std::ios::binary);
+      std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      REQUIRE(!all.empty());
+      CHECK(all.back() == '\n');
+    }
+    g_room = -1;  // space returns
+    for (int i = 0; i < kAfter; ++i) w->on_event(event(0x200000 + i));
+    w->flush();
+    CHECK(w->lost_total() == lost);
+  }
+  TraceWriter::set_write_for_testing(nullptr);
+  auto rows = records(path);  // every line parses: no torn record
+  CHECK(only(rows, "alloc").size() == std::size_t(kBefore + kDuring + kAfter) - lost);
+  auto dropped = only(rows, "dropped");
+  REQUIRE(dropped.size() == 1);
+  CHECK(dropped[0]["extra"] == "count=" + std::to_string(lost) + ";reason=disk_full");
+  // The count comes once space returned, right after the first lines written again.
+  CHECK(read_lines(path).back() == "# end records=" + std::to_string(kBefore + kDuring + kAfter) +
+                                       " dropped=0 lost=" + std::to_string(lost));
+
+  const char* script = std::getenv("CUDALLOC_TRACE_SCRIPT");
+  const char* python = std::getenv("PYTHON");
+  if (script == nullptr || python == nullptr) {
+    WARN("CUDALLOC_TRACE_SCRIPT/PYTHON not set: run through meson test");
+    return;
+  }
+  int status = 0;
+  const std::string out = run_capture(std::string(python) + " " + script + " summary " + path, &status);
+  INFO(out);
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(out.find(std::to_string(lost) + " records lost: disk full") != std::string::npos);
+  CHECK(out.find("truncated") == std::string::npos);
+}
+
+TEST_CASE("a disk still full at exit: the file ends with whole lines and the loss is logged") {
+  TempDir dir;
+  const std::string path = dir / "t.csv";
+  TraceWriter::set_write_for_testing(&full_disk_write);
+  g_room = -1;
+  std::uint64_t lost = 0;
+  g_messages.clear();
+  TraceWriter::set_message_hook(&keep_message);
+  {
+    auto w = TraceWriter::open(path, {});
+    REQUIRE(w != nullptr);
+    w->pause_writer_for_testing(true);
+    g_room = 100;  // less than the next chunk, and the end line later finds none
+    for (int i = 0; i < 50; ++i) w->on_event(event(0x1000 + i));
+    w->flush();
+    lost = w->lost_total();
+    CHECK(lost > 0);
+  }
+  TraceWriter::set_write_for_testing(nullptr);
+  TraceWriter::set_message_hook(nullptr);
+  g_room = -1;
+  // Said once when the first write was refused, and the count at the end.
+  REQUIRE(g_messages.size() == 2);
+  CHECK(g_messages[0].find("No space left on device") != std::string::npos);
+  CHECK(g_messages[1] == "trace " + path + ": " + std::to_string(lost) + " records lost: disk full");
+  std::ifstream in(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(!all.empty());
+  CHECK(all.back() == '\n');
+  CHECK(only(records(path), "alloc").size() == 50 - lost);
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "allocator/size_classes.h"
 #include "config/config.h"
 
 using namespace cudalloc;
@@ -147,7 +148,12 @@ TEST_CASE("per_process_memory_fraction", "[config]") {
 }
 
 TEST_CASE("memory_limit_mb", "[config]") {
-  CHECK(parse_ok("memory_limit_mb:1").allocator.memory_limit_bytes == kOneMiB);
+  // The smallest segment is the smallest limit that can serve anything.
+  const std::string smallest = std::to_string(kSmallBuffer / kOneMiB);
+  CHECK(parse_ok("memory_limit_mb:" + smallest).allocator.memory_limit_bytes == kSmallBuffer);
+  const std::string below = std::to_string(kSmallBuffer / kOneMiB - 1);
+  CHECK(contains(parse_err("memory_limit_mb:" + below), "memory_limit_mb:" + below + " is not accepted: out of range"));
+  CHECK(contains(parse_err("memory_limit_mb:" + below), "the smallest segment"));
   CHECK(parse_ok("memory_limit_mb:40960").allocator.memory_limit_bytes == 40960 * kOneMiB);
   CHECK(contains(parse_err("memory_limit_mb:0"), "memory_limit_mb:0 is not accepted: out of range"));
   CHECK(contains(parse_err("memory_limit_mb:-4"), "memory_limit_mb:-4 is not accepted: negative"));
@@ -219,6 +225,23 @@ TEST_CASE("roundup_power2_divisions single value", "[config]") {
   CHECK(contains(e, "roundup_power2_divisions:3 is not accepted: not a power of two"));
   CHECK(contains(parse_err("roundup_power2_divisions:-2"), "roundup_power2_divisions:-2 "));
   CHECK(contains(parse_err("roundup_power2_divisions:4k"), "trailing"));
+}
+
+TEST_CASE("roundup_power2_divisions that cannot be honoured are refused", "[config]") {
+  const std::string top = std::to_string(kMaxRoundupDivisions);
+  Divisions most;
+  most.fill(kMaxRoundupDivisions);
+  CHECK(parse_ok("roundup_power2_divisions:" + top).allocator.roundup_power2_divisions == most);
+  CHECK(parse_ok("roundup_power2_divisions:[1:" + top + ",>:" + top + "]").allocator.roundup_power2_divisions == most);
+  // 2^55 and up wrapped kMinBlockSize * divisions and rounded every size to a power of two.
+  for (std::size_t d : {kMaxRoundupDivisions * 2, std::size_t{1} << 55, std::size_t{1} << 63}) {
+    const std::string v = std::to_string(d);
+    const std::string single = parse_err("roundup_power2_divisions:" + v);
+    CHECK(contains(single, "roundup_power2_divisions:" + v + " is not accepted: more than " + top));
+    CHECK(contains(single, "PyTorch also requires a power of two"));
+    const std::string list = parse_err("roundup_power2_divisions:[64:" + v + "]");
+    CHECK(contains(list, "divisions " + v + " is more than " + top));
+  }
 }
 
 TEST_CASE("roundup_power2_divisions list form", "[config]") {

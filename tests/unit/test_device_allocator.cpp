@@ -1970,3 +1970,44 @@ TEST_CASE("a thread-local destroyed after the thread's caches were handed back s
   CHECK(f.stat("reserved_bytes.all.current") == 0);
   CHECK(f.sim.used_bytes() == 0);
 }
+
+TEST_CASE("a request too large to round is out of memory at once, and its report says so in sane units") {
+  TwoContexts two;
+  Fixture& b = two.b;
+  int asked = 0;
+  b.alloc.set_reclaimer([&] {
+    ++asked;
+    return true;
+  });
+  const DevicePtr sentinel = b.get(kMiB);
+  for (std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 511, kMaxRoundable + 1}) {
+    INFO("bytes " << bytes);
+    DevicePtr p = 0;
+    CHECK(b.alloc.allocate(bytes, kNoStream, &p) == Status::kOutOfMemory);
+    CHECK(p == 0);
+    const auto report = b.alloc.last_oom();
+    REQUIRE(report.has_value());
+    CHECK(report->requested == bytes);
+    CHECK(report->rounded == 0);
+    const std::string msg = report->message();
+    CHECK(msg.find("Tried to allocate " + format_bytes(bytes) + " (more than any device can hold)") != std::string::npos);
+    CHECK(msg.find("TiB") == std::string::npos);  // 16 EiB, not millions of TiB
+  }
+  // Other contexts' caches are not emptied for a request no device could hold; one OOM each.
+  CHECK(asked == 0);
+  CHECK(b.stat("num_ooms") == 3);
+  CHECK(b.alloc.find(sentinel).has_value());
+  CHECK(b.alloc.free(sentinel, FreeOrder::kCompleted) == Status::kOk);
+}
+
+TEST_CASE("sizes print in the unit that keeps them short, up to EiB") {
+  std::size_t unit = 1;
+  for (const char* name : {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}) {
+    const std::string one = format_bytes(unit);
+    CHECK(one == (unit == 1 ? std::string("1 B") : std::string("1.00 ") + name));
+    if (unit <= (~std::size_t{0} >> 10)) unit <<= 10;
+  }
+  const std::string top = format_bytes(~std::size_t{0});
+  CHECK(top.substr(top.size() - 3) == "EiB");
+  CHECK(std::stod(top) < 1024.0);
+}

@@ -80,3 +80,23 @@ TEST_CASE("roundup_power2_divisions intervals are chosen by size") {
   CHECK(s.round(1500) == 1536);                       // no divisions: plain 512 rounding
   CHECK(s.round(2 * kMiB + 1) == 2 * kMiB + 256 * kKiB);  // 8 steps of 256 KiB
 }
+
+TEST_CASE("divisions too many to multiply by the block size do not round to the next power of two") {
+  // kMinBlockSize * divisions wraps to 0 from 2^55 on; the config refuses such values, and the
+  // rounding must not turn them into "round everything to the next power of two" either.
+  const std::size_t plain = 3 * kMiB + 1;
+  const std::size_t to_block = (plain + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  for (std::size_t shift : {55u, 56u, 63u}) {
+    AllocatorOptions o;
+    o.roundup_power2_divisions.fill(std::size_t{1} << shift);
+    SizeClasses s(o);
+    INFO("divisions 2^" << shift);
+    CHECK(s.round(plain) == to_block);
+    CHECK(s.round(kMaxRoundable) >= kMaxRoundable);
+  }
+  // The largest divisions the config accepts still round by divisions where a step is a block.
+  AllocatorOptions o;
+  o.roundup_power2_divisions.fill(kMaxRoundupDivisions);
+  SizeClasses s(o);
+  CHECK(s.round(plain) == to_block);
+}

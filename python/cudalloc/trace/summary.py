@@ -58,6 +58,7 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
     live = {}
     ooms = []
     dropped = 0
+    lost_disk_full = 0  # `dropped` records with reason=disk_full: the file system refused them
     first_ts = last_ts = None
     seq = 0
     phase_cache = {}
@@ -75,7 +76,11 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
             seq += 1
             if ev == "dropped":
                 text = extra.get("count", "0")
-                dropped += int(text) if text.isdigit() else 0
+                n = int(text) if text.isdigit() else 0
+                if extra.get("reason") == "disk_full":
+                    lost_disk_full += n
+                else:
+                    dropped += n
                 continue
             nvtx = extra.get("nvtx") if extra else None
             if nvtx:
@@ -135,8 +140,10 @@ def summarize(trace, nvtx_depth=1, symbolize=True):
     for phase, nbytes in live.values():
         if phase is not None:
             phases[phase]["live_at_end"] += nbytes
-    return _result(trace, counts, dev, hits, misses, largest, miss_sizes, alloc_sizes, ooms,
-                   phases, sites, dropped, first_ts, last_ts, symbolize)
+    out = _result(trace, counts, dev, hits, misses, largest, miss_sizes, alloc_sizes, ooms,
+                  phases, sites, dropped, first_ts, last_ts, symbolize)
+    out["lost_disk_full"] = lost_disk_full
+    return out
 
 
 def _result(trace, counts, dev, hits, misses, largest, miss_sizes, alloc_sizes, ooms, phases,
@@ -196,6 +203,9 @@ def print_summary(s, out):
     if s["dropped"]:
         w("WARNING: the writer dropped %d records (its ring was full); totals below are exact, "
           "counts are not\n" % s["dropped"])
+    if s.get("lost_disk_full"):
+        w("WARNING: %d records lost: disk full; totals below are exact, counts are not\n"
+          % s["lost_disk_full"])
     w("\n")
     if not s["devices"]:
         w("no allocator events\n")

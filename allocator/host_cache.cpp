@@ -421,13 +421,13 @@ std::string HostCache::summary() const {
   std::snprintf(line, sizeof line, "pinned host memory (cudaHostAlloc, cudaMallocHost), context of device %d", device_);
   row(line);
   const std::size_t cached = s.reserved_bytes > s.in_use_bytes ? s.reserved_bytes - s.in_use_bytes : 0;
-  std::snprintf(line, sizeof line, "in use %s (%llu blocks, %s asked)  cached %s (%s awaiting fences)",
+  std::snprintf(line, sizeof line, "in use %s (%llu blocks, %s asked)  reserved %s  peak %s",
                 format_bytes(s.in_use_bytes).c_str(), static_cast<unsigned long long>(s.in_use_blocks),
-                format_bytes(s.requested_bytes).c_str(), format_bytes(cached).c_str(),
-                format_bytes(s.pending_bytes).c_str());
+                format_bytes(s.requested_bytes).c_str(), format_bytes(s.reserved_bytes).c_str(),
+                format_bytes(s.peak_reserved_bytes).c_str());
   row(line);
-  std::snprintf(line, sizeof line, "reserved %s  peak %s  limit %s (all contexts)", format_bytes(s.reserved_bytes).c_str(),
-                format_bytes(s.peak_reserved_bytes).c_str(),
+  std::snprintf(line, sizeof line, "cached %s (%s awaiting fences)  limit %s (all contexts)", format_bytes(cached).c_str(),
+                format_bytes(s.pending_bytes).c_str(),
                 budget_.limit() == 0 ? "none" : format_bytes(budget_.limit()).c_str());
   row(line);
   std::snprintf(line, sizeof line, "host allocs: %llu  hits: %llu (after a fence: %llu)  misses: %llu  frees: %llu",

@@ -18,6 +18,9 @@ COLUMNS = ("ts_ns", "pid", "tid", "device", "event", "stream", "ptr", "requested
            "result", "hit", "allocated", "reserved", "extra")
 EVENTS = ("alloc", "free", "segment_alloc", "segment_free", "cache_release", "oom",
           "passthrough_alloc", "passthrough_free", "dropped")
+# Pinned host memory (device -1): records() leaves them out unless Trace.host is set, so that
+# readers of device memory need not know them.
+HOST_EVENTS = ("host_alloc", "host_free", "host_segment_alloc", "host_segment_free")
 RESULTS = ("ok", "invalid_value", "out_of_memory", "device_error", "deinitialized")
 NO_STREAM = None  # the `-` stream: cudaMalloc/cudaFree, no stream
 
@@ -127,6 +130,7 @@ class Trace:
         self.truncated = False
         self.ended = False   # the writer closed the trace ("# end ..." seen)
         self._consumed = False
+        self.host = False  # records() yields host records too
 
     @property
     def header(self):
@@ -192,6 +196,8 @@ class Trace:
                     rec = self._record([fields[i] for i in get], lineno)
                 except ValueError as e:
                     raise TraceError("%s:%d: corrupt record: %s" % (self.path, lineno, e)) from None
+                if rec.event in HOST_EVENTS and not self.host:
+                    continue
                 yield rec
         finally:
             self._f.close()
@@ -199,7 +205,7 @@ class Trace:
     @staticmethod
     def _record(v, lineno):
         ev = v[4]
-        if ev not in EVENTS:
+        if ev not in EVENTS and ev not in HOST_EVENTS:
             raise ValueError("unknown event %r" % ev)
         res = v[9]
         if res not in RESULTS:

@@ -10,8 +10,8 @@
 //   limit        (pinned_memory_limit_mb:8) idle memory goes first, then the request fails
 //   trim         cudaMemPoolTrimTo gives idle pinned memory back
 //   oom          a driver out-of-memory: the cache is given back and the request retried
-//   ctx_destroy  a created context allocates 3 device blocks and is destroyed (its statistics
-//                are printed then: host_check.py)
+//   ctx_destroy  a created context allocates 3 device blocks and a host block and is destroyed
+//                (its statistics are printed then: host_check.py); the primary context allocates
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -312,7 +312,11 @@ int ctx_destroy(Client& c) {
   Host h(c);
   h.put(h.get(4 * KiB));
   CHECK_OR_DIE(destroy(ctx) == CUDA_SUCCESS);
+  // The primary context allocates too: its summary comes at exit.
   CHECK_OR_DIE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  CHECK_OR_DIE(c.api.cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+  CHECK_OR_DIE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "shim/capture.h"
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
 #include "shim/runtime.h"
@@ -43,6 +44,10 @@ Status DriverHostBackend::allocate(std::size_t bytes, unsigned flags, void** out
     t_refusal = CUDA_ERROR_INVALID_CONTEXT;
     return Status::kBackendError;
   }
+  // A miss must not do what a hit does not: in a global-mode capture the driver would fail the
+  // call and invalidate the program's capture (as for device segments: capture.h).
+  ProcessState* ps = detail::g_state.load(std::memory_order_acquire);
+  RelaxedCaptureMode relaxed(ps != nullptr && ps->captures.any());
   const CUresult r = driver().cuMemHostAlloc(out, bytes, flags);
   if (r == CUDA_SUCCESS) return Status::kOk;
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return Status::kOutOfMemory;

@@ -1094,6 +1094,9 @@ static CUresult ctx_sync(Ctx* c) {
         std::lock_guard<std::mutex> lk(g_mu);
         if (!valid_ctx_locked(c)) return CUDA_ERROR_INVALID_CONTEXT;
         fence = ctx_fence_locked(c);
+        // Events cuCtxRecordEvent queued are done too once the context is synchronized, as
+        // every earlier task is on a GPU.
+        if (c->marker && c->marker->submitted) fence.push_back({c->marker, c->marker->submitted});
     }
     wait_all(fence);
     return CUDA_SUCCESS;

@@ -19,6 +19,11 @@ enum class EventKind : std::uint8_t {
   kOom,               // an allocation failed after the whole ladder
   kPassthroughAlloc,  // no-caching mode: the device allocated directly
   kPassthroughFree,
+  // Pinned host memory (allocator/host_cache.h); device -1, no stream.
+  kHostAlloc,         // a host block handed to the program (hit: without a driver call)
+  kHostFree,          // a host block given back by the program
+  kHostSegmentAlloc,  // page-locked memory obtained from the driver
+  kHostSegmentFree,   // page-locked memory given back to the driver
 };
 
 const char* to_string(EventKind k);

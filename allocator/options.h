@@ -41,6 +41,9 @@ struct AllocatorOptions {
   // Per-thread caches of small-pool blocks in front of the shared pools (thread_cache.h). Off
   // only in tests that look at pool-level behaviour such as coalescing.
   bool thread_cache = true;
+  // Pinned host memory the host caches of all contexts may hold together (in use and cached).
+  // 0 = none.
+  std::size_t pinned_memory_limit_bytes = 0;
 };
 
 }  // namespace cudalloc

@@ -25,6 +25,10 @@ const char* to_string(EventKind k) {
     case EventKind::kOom: return "oom";
     case EventKind::kPassthroughAlloc: return "passthrough_alloc";
     case EventKind::kPassthroughFree: return "passthrough_free";
+    case EventKind::kHostAlloc: return "host_alloc";
+    case EventKind::kHostFree: return "host_free";
+    case EventKind::kHostSegmentAlloc: return "host_segment_alloc";
+    case EventKind::kHostSegmentFree: return "host_segment_free";
   }
   return "unknown";
 }

@@ -34,7 +34,7 @@ constexpr std::string_view kAcceptedKeys =
     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
     "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
     "trace_stacks, trace_nvtx, trace_clock, free_epoch_mb, thread_cache, max_pending_mb, single_stream, "
-    "page_stitching";
+    "page_stitching, pinned_memory_limit_mb";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -67,6 +67,7 @@ enum class Key : unsigned {
   kSingleStream,
   kTraceClock,
   kPageStitching,
+  kPinnedMemoryLimitMb,
   kCount,
 };
 
@@ -76,6 +77,7 @@ constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyN
     "free_sync",           "trace_stacks",                 "trace_nvtx",
     "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
     "single_stream",       "trace_clock",                  "page_stitching",
+    "pinned_memory_limit_mb",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -374,6 +376,8 @@ std::string parse_entry(Key k, std::string_view key, std::string_view value, Con
     case Key::kMemoryLimitMb:
       // Below the smallest segment nothing could ever be served.
       return parse_mb(key, value, kSmallBuffer / kMiB, " (the smallest segment is 2 MiB)", c.allocator.memory_limit_bytes);
+    case Key::kPinnedMemoryLimitMb:
+      return parse_mb(key, value, 1, "", c.allocator.pinned_memory_limit_bytes);
     case Key::kFreeEpochMb:
       return parse_mb(key, value, 0, "", c.allocator.free_epoch_bytes);
     case Key::kMaxPendingMb:
@@ -466,6 +470,11 @@ std::string handle_entry(std::string_view entry, unsigned& seen, Config& c) {
 
   // PyTorch's default backend is what cudalloc is: a config copied from PyTorch may name it.
   if (key == "backend" && value == "native") return {};
+  // Pinned memory: PyTorch's defaults are what cudalloc does (cudaHostAlloc'd memory, no
+  // background thread); host registration and background threads are refused below.
+  if ((key == "pinned_use_cuda_host_register" || key == "pinned_use_background_threads") && iequals(value, "false")) {
+    return {};
+  }
   unsigned index = 0;
   while (index < kKeyNames.size() && kKeyNames[index] != key) ++index;
   if (index == kKeyNames.size()) {
@@ -774,6 +783,8 @@ std::string describe(const Config& config) {
     s += " per_process_memory_fraction=" + format_double(a.per_process_memory_fraction);
     s += " memory_limit_mb=";
     s += a.memory_limit_bytes == 0 ? "none" : format_mb(a.memory_limit_bytes);
+    s += " pinned_memory_limit_mb=";
+    s += a.pinned_memory_limit_bytes == 0 ? "none" : format_mb(a.pinned_memory_limit_bytes);
     s += " free_sync=";
     s += config.free_sync ? "true" : "false";
     s += " single_stream=";

@@ -9,11 +9,18 @@
 #include "shim/driver_api.h"
 #include "shim/log.h"
 #include "shim/observers.h"
+#include "shim/tracing.h"
 
 namespace cudalloc::shim {
 
-ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures)
-    : ctx(c), device(dev), backend(c, dev, captures), allocator(backend, options, static_cast<int>(dev)) {}
+ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures,
+                           HostBudget& host_budget)
+    : ctx(c),
+      device(dev),
+      backend(c, dev, captures),
+      allocator(backend, options, static_cast<int>(dev)),
+      host_backend(c),
+      host(host_backend, host_budget, static_cast<int>(dev)) {}
 
 CUDALLOC_HOT ContextState* ContextRegistry::current(StreamInfo** stream) {
   CUcontext ctx = nullptr;
@@ -40,8 +47,10 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
       if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
-    state = new ContextState(ctx, dev, options_, captures_);
+    state = new ContextState(ctx, dev, options_, captures_, host_budget_);
     state->allocator.set_observer(allocator_observer());
+    state->host.set_observer(trace_observer());
+    state->host.set_reclaimer([this] { return release_host_caches(); });
     std::shared_ptr<DeviceBudget>& budget = budgets_[dev];
     if (budget == nullptr) budget = std::make_shared<DeviceBudget>();
     state->allocator.share_budget(budget);
@@ -88,6 +97,13 @@ bool ContextRegistry::release_others(const ContextState& s) {
     log_info("out of memory on device %d: %zu bytes released from the caches of its other contexts; retrying",
              static_cast<int>(s.device), released);
   }
+  return released != 0;
+}
+
+bool ContextRegistry::release_host_caches() {
+  std::size_t released = 0;
+  for (ContextState* s : live()) released += s->host.release_cached(true);
+  if (released != 0) log_info("pinned host memory short: %zu cached bytes given back; retrying", released);
   return released != 0;
 }
 
@@ -185,6 +201,7 @@ std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
   }
   state->backend.mark_dead();
   state->allocator.forget_all();
+  state->host.forget_all();
   log_debug("context %p gone: its cached blocks are forgotten", static_cast<void*>(ctx));
   return captures_.drop_owner(state, ctx);
 }

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "allocator/device_allocator.h"
+#include "allocator/host_cache.h"
 #include "shim/capture.h"
 #include "shim/cuda_api.h"
 #include "shim/driver_backend.h"
+#include "shim/host_backend.h"
 #include "shim/single_stream.h"
 #include "shim/streams.h"
 
@@ -24,11 +26,15 @@ namespace cudalloc::shim {
 // pointer to the core), while every device fence takes the backend's mutex. Sharing the first
 // line with that mutex, the lookup of ctx missed under 8 threads of cudaMalloc pairs.
 struct ContextState {
-  ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures);
+  ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures,
+               HostBudget& host_budget);
   CUcontext ctx;
   CUdevice device;
   alignas(64) DriverBackend backend;
   alignas(64) DeviceAllocator allocator;
+  // Pinned host memory allocated in this context (it goes with the context).
+  alignas(64) DriverHostBackend host_backend;
+  HostCache host;
 };
 
 // Heap storage that holds whole cache lines: a small allocation shares its line with whatever
@@ -75,7 +81,8 @@ void adopt_green_context(ProcessState& ps, CUcontext green);
 class ContextRegistry {
  public:
   ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
-      : options_(options), captures_(captures), single_stream_(single_stream) {}
+      : options_(options), captures_(captures), single_stream_(single_stream),
+        host_budget_(options.pinned_memory_limit_bytes) {}
 
   // The state of the calling thread's current context; null when there is none.
   // `stream` (optional): the stream a memory call names, resolved from the calling thread;
@@ -117,6 +124,10 @@ class ContextRegistry {
   // The context is gone: forget its blocks without touching the device, never use it again.
   // Returns the parked frees to run if its captures were the last ones (run_parked).
   std::vector<ParkedFree> drop(CUcontext ctx);
+  // Gives back the idle pinned memory of every context's host cache (waiting for its fences);
+  // whether any went.
+  bool release_host_caches();
+  const HostBudget& host_budget() const { return host_budget_; }
 
   // A memory limit set through the C API (cudalloc_set_memory_fraction / _limit) for a device:
   // it replaces the configured fraction and cap for that device, in its live allocators and in
@@ -161,6 +172,8 @@ class ContextRegistry {
   // Whether the snapshot has aliases: what a free on a default stream asks (default_of), in one
   // load from the registry rather than two through the snapshot.
   std::atomic<bool> any_alias_{false};
+  // The pinned memory of every context's host cache together (pinned_memory_limit_mb).
+  HostBudget host_budget_;
 };
 
 }  // namespace cudalloc::shim

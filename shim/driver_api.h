@@ -87,7 +87,12 @@ namespace cudalloc::shim {
     CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))           \
   X(cuMemPoolTrimTo, CUresult(CUmemoryPool, size_t))                                           \
   X(cuDeviceGetDefaultMemPool, CUresult(CUmemoryPool*, CUdevice))                              \
-  X(cuDeviceGetMemPool, CUresult(CUmemoryPool*, CUdevice))
+  X(cuDeviceGetMemPool, CUresult(CUmemoryPool*, CUdevice))                                    \
+  X(cuMemHostAlloc, CUresult(void**, size_t, unsigned int))                                    \
+  X(cuMemAllocHost_v2, CUresult(void**, size_t))                                               \
+  X(cuMemFreeHost, CUresult(void*))                                                            \
+  X(cuMemHostGetDevicePointer_v2, CUresult(CUdeviceptr*, void*, unsigned int))                 \
+  X(cuMemHostGetFlags, CUresult(unsigned int*, void*))
 
 struct DriverApi {
 #define CUDALLOC_FIELD(name, type) std::add_pointer_t<type> name = nullptr;

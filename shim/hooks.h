@@ -44,7 +44,12 @@
   X(cuDevicePrimaryCtxReset_v2)       \
   X(cuDevicePrimaryCtxRetain)         \
   X(cuDevicePrimaryCtxRelease)        \
-  X(cuDevicePrimaryCtxRelease_v2)
+  X(cuDevicePrimaryCtxRelease_v2)      \
+  X(cuMemHostAlloc)                   \
+  X(cuMemAllocHost_v2)                \
+  X(cuMemFreeHost)                    \
+  X(cuMemHostGetDevicePointer_v2)     \
+  X(cuMemHostGetFlags)
 
 #define CUDALLOC_DECLARE_HOOK(name) \
   CUDALLOC_EXPORT std::remove_pointer_t<decltype(cudalloc::shim::DriverApi::name)> name;

@@ -9,6 +9,7 @@
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"
+#include "shim/tracing.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;
@@ -40,7 +41,11 @@ std::mutex& primary_lock(CUdevice dev) {
   return locks[static_cast<unsigned>(dev) % locks.size()];
 }
 
-void drop(ProcessState& ps, CUcontext ctx) { run_parked(ps, ps.contexts.drop(ctx)); }
+void drop(ProcessState& ps, CUcontext ctx) {
+  // Its own state only (a green context names its primary's, which lives on).
+  if (ContextState* s = ps.contexts.find(ctx); s != nullptr && s->ctx == ctx) stats_on_context_end(*s);
+  run_parked(ps, ps.contexts.drop(ctx));
+}
 
 bool is_primary(CUcontext ctx) {
   const DriverApi& d = driver();

@@ -5,6 +5,7 @@
 
 #include "shim/free_path.h"
 #include "shim/hooks.h"
+#include "shim/hooks_host.h"
 #include "shim/log.h"
 #include "shim/profile.h"
 #include "shim/runtime.h"
@@ -283,6 +284,7 @@ CUDALLOC_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
 CUDALLOC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
   ProcessState* ps = caching_state();
   ContextState* owner = ps == nullptr ? nullptr : ps->contexts.owner(ptr);
+  if (CUresult r = CUDA_SUCCESS; owner == nullptr && ps != nullptr && host_address_range(*ps, base, size, ptr, &r)) return r;
   if (owner == nullptr) return driver().cuMemGetAddressRange_v2(base, size, ptr);
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_NOT_FOUND;  // freed memory inside a cached segment
@@ -318,6 +320,7 @@ CUDALLOC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
   const DriverApi& d = driver();
   if (ps == nullptr || data == nullptr) return d.cuPointerGetAttribute(data, attr, ptr);
   ContextState* owner = ps->contexts.owner(ptr);
+  if (CUresult r = CUDA_SUCCESS; owner == nullptr && host_pointer_attribute(*ps, data, attr, ptr, &r)) return r;
   if (owner == nullptr) return d.cuPointerGetAttribute(data, attr, ptr);
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_INVALID_VALUE;
@@ -328,6 +331,10 @@ CUDALLOC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
 CUDALLOC_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attrs, void** data,
                                                 CUdeviceptr ptr) {
   ProcessState* ps = caching_state();
+  if (CUresult hr = CUDA_SUCCESS; ps != nullptr && attrs != nullptr && data != nullptr &&
+                                  host_pointer_attributes(*ps, count, attrs, data, ptr, &hr)) {
+    return hr;
+  }
   const CUresult r = driver().cuPointerGetAttributes(count, attrs, data, ptr);
   if (ps == nullptr || r != CUDA_SUCCESS || attrs == nullptr || data == nullptr) return r;
   ContextState* owner = ps->contexts.owner(ptr);
@@ -372,7 +379,8 @@ CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr p
 
 // cudaMemPoolTrimTo on a device's default or current pool: cudalloc serves that pool's
 // allocations, so trimming it gives back cudalloc's idle memory on that device, down to
-// `keep` bytes per context. The driver's own pool (graph memory, passthrough) is trimmed too.
+// `keep` bytes per context, and all the idle pinned host memory of those contexts. The driver's
+// own pool (graph memory, passthrough) is trimmed too.
 CUDALLOC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
@@ -384,7 +392,10 @@ CUDALLOC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
                               d.cuDeviceGetDefaultMemPool(&served, s->device) == CUDA_SUCCESS && served == pool;
     const bool current_pool = !default_pool && d.cuDeviceGetMemPool != nullptr &&
                               d.cuDeviceGetMemPool(&served, s->device) == CUDA_SUCCESS && served == pool;
-    if (default_pool || current_pool) s->allocator.release_cached(keep);
+    if (default_pool || current_pool) {
+      s->allocator.release_cached(keep);
+      s->host.release_cached(true);  // pinned memory: all that is idle (keep counts device bytes)
+    }
   }
   return r;
 }

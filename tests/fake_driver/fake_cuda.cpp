@@ -332,7 +332,12 @@ struct Driver {
     std::map<CUdeviceptr, VmMapping> mappings;
     std::map<CUdeviceptr, Reservation> reservations;
     std::map<CUdeviceptr, IpcImport> imports;
-    std::map<void*, size_t> host_allocs;
+    struct HostAlloc {
+        size_t size;
+        unsigned flags;
+    };
+    std::map<void*, HostAlloc> host_allocs;  // pinned host memory (cuMemHostAlloc, cuMemAllocHost)
+    uint64_t host_bytes = 0;
     std::unordered_map<Stream*, std::shared_ptr<Stream>> streams;
     std::set<Ctx*> ctxs;  // non-primary contexts alive
     std::set<Ctx*> greens;  // green contexts alive
@@ -1089,6 +1094,9 @@ static CUresult ctx_sync(Ctx* c) {
         std::lock_guard<std::mutex> lk(g_mu);
         if (!valid_ctx_locked(c)) return CUDA_ERROR_INVALID_CONTEXT;
         fence = ctx_fence_locked(c);
+        // Events cuCtxRecordEvent queued are done too once the context is synchronized, as
+        // every earlier task is on a GPU.
+        if (c->marker && c->marker->submitted) fence.push_back({c->marker, c->marker->submitted});
     }
     wait_all(fence);
     return CUDA_SUCCESS;
@@ -1262,21 +1270,42 @@ FK_API CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psiz
     return CUDA_ERROR_NOT_FOUND;
 }
 
-FK_API CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
-    FK_ENTER();
-    (void)flags;
+namespace {
+// Page-locked host memory: plain host memory here, its flags kept for cuMemHostGetFlags. Under
+// unified addressing its device pointer is its host address.
+CUresult host_alloc(void** pp, size_t bytesize, unsigned flags) {
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & ~unsigned(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED))
+        return CUDA_ERROR_INVALID_VALUE;
     if (!current_ctx()) return CUDA_ERROR_INVALID_CONTEXT;
     void* p = nullptr;
     if (posix_memalign(&p, 4096, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard<std::mutex> lk(g_mu);
-    drv().host_allocs[p] = bytesize;
+    drv().host_allocs[p] = Driver::HostAlloc{bytesize, flags};
+    drv().host_bytes += bytesize;
     *pp = p;
     return CUDA_SUCCESS;
 }
 
-FK_API CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytesize) {  // counted as cuMemHostAlloc
-    return cuMemHostAlloc(pp, bytesize, 0);
+// The pinned allocation containing p.
+std::map<void*, Driver::HostAlloc>::iterator find_host_locked(const void* p) {
+    auto& m = drv().host_allocs;
+    auto h = m.upper_bound(const_cast<void*>(p));
+    if (h == m.begin()) return m.end();
+    --h;
+    const char* base = static_cast<const char*>(h->first);
+    return static_cast<const char*>(p) < base + h->second.size ? h : m.end();
+}
+}  // namespace
+
+FK_API CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+    FK_ENTER();
+    return host_alloc(pp, bytesize, flags);
+}
+
+FK_API CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytesize) {
+    FK_ENTER();
+    return host_alloc(pp, bytesize, 0);
 }
 
 FK_API CUresult CUDAAPI cuMemFreeHost(void* p) {
@@ -1284,8 +1313,28 @@ FK_API CUresult CUDAAPI cuMemFreeHost(void* p) {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = drv().host_allocs.find(p);
     if (it == drv().host_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    drv().host_bytes -= it->second.size;
     drv().host_allocs.erase(it);
     free(p);
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemHostGetFlags(unsigned int* flags, void* p) {
+    FK_ENTER();
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = find_host_locked(p);
+    if (it == drv().host_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    *flags = it->second.flags;
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p, unsigned int flags) {
+    FK_ENTER();
+    if (!dptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (find_host_locked(p) == drv().host_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = reinterpret_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
 }
 
@@ -1330,18 +1379,15 @@ CUresult pointer_attr_locked(CUpointer_attribute a, void* data, CUdeviceptr p, b
         buffer_id = i->first;
     } else {
         bool host = false;
-        auto h = D.host_allocs.upper_bound(reinterpret_cast<void*>(p));
-        if (h != D.host_allocs.begin()) {
-            --h;
-            if (p >= CUdeviceptr(h->first) && p < CUdeviceptr(h->first) + h->second) {
-                host = true;
-                type = CU_MEMORYTYPE_HOST;
-                ctx = current_ctx();
-                dev = ctx ? ctx->dev : 0;
-                base = CUdeviceptr(h->first);
-                size = h->second;
-                buffer_id = base;
-            }
+        auto h = find_host_locked(reinterpret_cast<void*>(p));
+        if (h != D.host_allocs.end()) {
+            host = true;
+            type = CU_MEMORYTYPE_HOST;
+            ctx = current_ctx();
+            dev = ctx ? ctx->dev : 0;
+            base = CUdeviceptr(h->first);
+            size = h->second.size;
+            buffer_id = base;
         }
         if (!host) {
             *known = false;
@@ -2655,6 +2701,8 @@ FK_API void fakecuda_stats(fakecuda_stats_t* out) {
         for (auto& d : drv().devices) out->bytes_in_use += d->used;
         out->live_allocations = drv().live_allocations;
         out->live_vm_handles = drv().vm_handles.size();
+        out->live_host_allocations = drv().host_allocs.size();
+        out->host_bytes_in_use = drv().host_bytes;
     }
     Accounting& a = acct();
     std::lock_guard<std::mutex> lk(a.mu);
@@ -2673,6 +2721,8 @@ FK_API void fakecuda_stats(fakecuda_stats_t* out) {
     out->vm_set_access = count_locked(a, "cuMemSetAccess");
     out->stream_sync = count_locked(a, "cuStreamSynchronize");
     out->ctx_sync = count_locked(a, "cuCtxSynchronize");
+    out->host_alloc = count_locked(a, "cuMemHostAlloc") + count_locked(a, "cuMemAllocHost");
+    out->host_free = count_locked(a, "cuMemFreeHost");
     out->peak_bytes_in_use = std::max(a.peak, out->bytes_in_use);
 }
 

@@ -32,6 +32,11 @@ struct fakecuda_stats_t {
     uint64_t live_allocations;   // linear allocations (cuMemAlloc*, async, managed, pitch) alive
     uint64_t live_vm_handles;    // cuMemCreate handles not yet fully released
     uint64_t peak_bytes_in_use;  // since load or last fakecuda_reset_stats
+    // Pinned host memory (appended: the fields above keep their offsets).
+    uint64_t host_alloc;             // cuMemHostAlloc, cuMemAllocHost(_v2) calls
+    uint64_t host_free;              // cuMemFreeHost calls
+    uint64_t live_host_allocations;  // state: pinned allocations alive
+    uint64_t host_bytes_in_use;      // state: their bytes
 };
 
 // Fills *out.  Safe from any thread.

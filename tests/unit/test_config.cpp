@@ -596,7 +596,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false page_stitching=false per_process_memory_fraction=1 "
-        "memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
+        "memory_limit_mb=none pinned_memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
                              "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
@@ -614,7 +614,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(c) ==
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[256:1,512:2,1024:4,>:8] expandable_segments=true page_stitching=false "
-        "per_process_memory_fraction=0.5 memory_limit_mb=4096 free_sync=true single_stream=true trace_stacks=8 "
+        "per_process_memory_fraction=0.5 memory_limit_mb=4096 pinned_memory_limit_mb=none free_sync=true single_stream=true trace_stacks=8 "
         "trace_nvtx=true trace_clock=monotonic free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");
@@ -677,4 +677,20 @@ TEST_CASE("free_epoch_mb and thread_cache tune the hot path") {
   r = parse_alloc_conf("free_epoch_mb:-1");
   CHECK_FALSE(r.config);
   CHECK(r.error.find("free_epoch_mb") != std::string::npos);
+}
+
+TEST_CASE("pinned_memory_limit_mb, and PyTorch's pinned defaults") {
+  ConfigResult r = parse_alloc_conf("pinned_memory_limit_mb:512");
+  REQUIRE(r.config);
+  CHECK(r.config->allocator.pinned_memory_limit_bytes == std::size_t{512} << 20);
+  CHECK(describe(*r.config).find("pinned_memory_limit_mb=512") != std::string::npos);
+  CHECK(!parse_alloc_conf("pinned_memory_limit_mb:0").config);
+  CHECK(!parse_alloc_conf("pinned_memory_limit_mb:lots").config);
+  // What cudalloc does anyway is accepted; what it cannot do is refused.
+  CHECK(parse_alloc_conf("pinned_use_cuda_host_register:False,pinned_use_background_threads:false").config);
+  const ConfigResult reg = parse_alloc_conf("pinned_use_cuda_host_register:True");
+  CHECK(!reg.config);
+  CHECK(reg.error.find("does not support") != std::string::npos);
+  CHECK(!parse_alloc_conf("pinned_use_background_threads:true").config);
+  CHECK(!parse_alloc_conf("pinned_num_register_threads:8").config);
 }

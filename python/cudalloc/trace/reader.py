@@ -31,6 +31,9 @@ COLUMNS = ("ts_ns", "pid", "tid", "device", "event", "stream", "ptr", "requested
            "result", "hit", "allocated", "reserved", "extra")
 EVENTS = ("alloc", "free", "segment_alloc", "segment_free", "cache_release", "oom",
           "passthrough_alloc", "passthrough_free", "dropped")
+# Pinned host memory (device -1): batches() and records() leave them out unless Trace.host is
+# set, so that readers of device memory need not know them.
+HOST_EVENTS = ("host_alloc", "host_free", "host_segment_alloc", "host_segment_free")
 RESULTS = ("ok", "invalid_value", "out_of_memory", "device_error", "deinitialized")
 NO_STREAM = None  # the `-` stream: cudaMalloc/cudaFree, no stream
 GZIP_MAGIC = b"\x1f\x8b"
@@ -155,7 +158,7 @@ def _stream(text):
 
 
 def _event(text):
-    if text not in EVENTS:
+    if text not in EVENTS and text not in HOST_EVENTS:
         raise ValueError("unknown event %r" % text[:40])
     return text
 
@@ -204,6 +207,20 @@ class Batch:
         else:
             lines = range(self._first, self._first + self.n)
         return map(Record._make, zip(*cols, lines))
+
+
+def _without_host(b):
+    keep = [i for i, ev in enumerate(b.event) if ev not in HOST_EVENTS]
+    if len(keep) == b.n:
+        return b
+    out = Batch()
+    for c in COLUMNS:
+        col = getattr(b, c)
+        setattr(out, c, [col[i] for i in keep])
+    out.n = len(keep)
+    out._first = 0
+    out._linenos = [b.lineno(i) for i in keep]
+    return out
 
 
 class _Bad(Exception):
@@ -257,6 +274,7 @@ class Trace:
         self.truncated = False
         self.ended = False   # the writer closed the trace ("# end ..." seen)
         self._consumed = False
+        self.host = False  # batches() and records() yield host records too
         self.size = size     # bytes of the file (compressed, for .gz), when known
         self._progress = None
         self._done = None
@@ -336,7 +354,11 @@ class Trace:
         self._consumed = True
         try:
             for text, lineno in self._blocks():
-                yield from self._parse_block(text, lineno)
+                for b in self._parse_block(text, lineno):
+                    if not self.host and "host_" in text:
+                        b = _without_host(b)
+                    if b.n:
+                        yield b
         except (OSError, EOFError, zlib.error) as e:
             raise TraceError("%s: cannot read: %s" % (self.path, getattr(e, "strerror", None) or e)) \
                 from None

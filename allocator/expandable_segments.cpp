@@ -144,6 +144,7 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
     pick(false);
     UnmapClock::Era wait_for = 0;
     for (std::size_t i = before; i < take.size(); ++i) wait_for = std::max(wait_for, take[i].block->freed_era);
+    if (wait_for != 0 && !clock_.safe(wait_for)) ++stats_.num_remap_waits;
     if (wait_for != 0 && !clock_.wait(backend_, wait_for)) {
       // The device cannot be waited for now: those pages stay where they are.
       for (std::size_t i = before; i < take.size(); ++i) have -= take[i].pages;

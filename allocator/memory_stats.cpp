@@ -61,6 +61,7 @@ std::map<std::string, std::int64_t> MemoryStats::to_map() const {
   out["num_bridged_allocs"] = num_bridged_allocs;
   out["num_remaps"] = num_remaps;
   out["num_remapped_pages"] = num_remapped_pages;
+  out["num_remap_waits"] = num_remap_waits;
   out["oversize_allocations.current"] = oversize_allocations;
   out["oversize_segments.current"] = oversize_segments;
   return out;
@@ -148,8 +149,9 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
                 static_cast<long long>(s.num_locked_frees));
   row(pad(line, 77));
   if (s.num_remaps != 0) {
-    std::snprintf(line, sizeof line, " page stitching: %lld growths took %lld free pages",
-                  static_cast<long long>(s.num_remaps), static_cast<long long>(s.num_remapped_pages));
+    std::snprintf(line, sizeof line, " page stitching: %lld growths took %lld free pages, %lld waited",
+                  static_cast<long long>(s.num_remaps), static_cast<long long>(s.num_remapped_pages),
+                  static_cast<long long>(s.num_remap_waits));
     row(pad(line, 77));
   }
   if (!note.empty()) {

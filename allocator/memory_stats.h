@@ -64,6 +64,7 @@ struct MemoryStats {
   // Page stitching: growths served (partly) by moving free pages, and the pages moved.
   std::int64_t num_remaps = 0;
   std::int64_t num_remapped_pages = 0;
+  std::int64_t num_remap_waits = 0;  // growths that waited for the device to free pages to move
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
 

@@ -755,7 +755,7 @@ Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to) {
       handles.push_back(it->second.second);
     }
   }
-  profile::Scope timed(profile::Site::kMap);
+  profile::Scope timed(profile::Site::kRemap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   CUmemAccessDesc access{};

@@ -22,7 +22,7 @@ Counter g_counters[static_cast<int>(Site::kCount)];
 const char* name(Site s) {
   static const char* const names[] = {"cuMemAlloc",    "cuMemFree",    "cuMemAllocAsync", "cuMemFreeAsync",
                                       "segment alloc", "segment free", "map",             "unmap",
-                                      "fence record",  "fence query",  "fence wait"};
+                                      "fence record",  "fence query",  "fence wait",      "remap"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(Site::kCount));
   return names[static_cast<int>(s)];
 }

@@ -22,6 +22,7 @@ enum class Site : int {
   kFenceRecord,     // driver: the events of one fence
   kFenceQuery,      // driver: cuEventQuery
   kFenceWait,       // driver: waiting for a fence (the host blocks)
+  kRemap,           // driver: pages moved (unmap + map + set access, page stitching)
   kCount,
 };
 

@@ -83,13 +83,16 @@ class SegmentBackend {
   // Whether physical pages can move between addresses now: map_pages and remap work, and no
   // stream capture is under way (a captured graph keeps the addresses it saw).
   virtual bool can_remap() const { return false; }
-  // As map(), with one physical allocation per granule, so that remap() can move each alone.
-  virtual Status map_pages(DevicePtr va, std::size_t bytes) { return map(va, bytes); }
-  // Moves the physical pages mapped at each of `from` (one granule each, made by map_pages) to
+  // As map(), with one physical allocation per `page` bytes (a multiple of the granularity that
+  // divides `bytes`), so that remap() can move each page on its own.
+  virtual Status map_pages(DevicePtr va, std::size_t bytes, std::size_t /*page*/) { return map(va, bytes); }
+  // Moves the physical pages mapped at each of `from` (`page` bytes each, made by map_pages) to
   // the contiguous range starting at `to`, in that order: unmapped there, mapped here with
   // access set. No page is released or created. All or nothing: on failure every page is
   // back where it was. The caller has made sure no device work can still touch `from`.
-  virtual Status remap(const std::vector<DevicePtr>& /*from*/, DevicePtr /*to*/) { return Status::kBackendError; }
+  virtual Status remap(const std::vector<DevicePtr>& /*from*/, DevicePtr /*to*/, std::size_t /*page*/) {
+    return Status::kBackendError;
+  }
 
  protected:
   void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) const {

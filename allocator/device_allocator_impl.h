@@ -50,7 +50,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   FreeBlocks blocks{sizes, stats, tick};
   SegmentTable segments;
   ExpandableSegments expandable{backend, segments, blocks, stats, *this,
-                                options.page_stitching ? PageStitching::kOn : PageStitching::kOff};
+                                options.page_stitching ? PageStitching::kOn : PageStitching::kOff,
+                                options.stitch_page_bytes};
   FenceQueue fences;
   alignas(64) FenceClock batch_fences;  // the device fences of the thread caches' batches (shared)
   LiveMap live;

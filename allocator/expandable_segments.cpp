@@ -13,7 +13,7 @@ Segment* ExpandableSegments::segment_for(StreamHandle stream, PoolKind kind) {
   // Address space is cheap and cannot be grown in place: the device's memory plus the limit,
   // so that live blocks left anywhere in the range never stop a request the limit allows
   // from finding a contiguous range once free chunks are given back.
-  const std::size_t g = backend_.vm_granularity();
+  const std::size_t g = unit();
   const std::size_t va = (backend_.total_memory() + ledger_.device_limit() + g - 1) / g * g;
   DevicePtr base = 0;
   if (va == 0) return nullptr;
@@ -31,7 +31,7 @@ Segment* ExpandableSegments::segment_for(StreamHandle stream, PoolKind kind) {
 Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKind kind) {
   Segment* s = segment_for(stream, kind);
   if (s == nullptr) return nullptr;
-  const std::size_t g = backend_.vm_granularity();
+  const std::size_t g = unit();
   // The unmapped range that needs the fewest new bytes: a hole given back earlier may come
   // first, yet mapping the whole request there can pass the limit where growing behind a free
   // mapped block would not.
@@ -75,13 +75,14 @@ void ExpandableSegments::mapped_at(Segment* /*s*/, Block* u, std::size_t bytes) 
 }
 
 std::vector<ExpandableSegments::PageRun> ExpandableSegments::free_page_runs(const Block* keep) const {
-  const std::size_t g = backend_.vm_granularity();
+  const std::size_t g = unit();
   std::vector<PageRun> runs;
   for (const auto& [key, seg] : by_key_) {
     for (Block* b = seg->first; b != nullptr; b = b->next) {
       if (b == keep || !b->mapped || b->state != BlockState::kFree) continue;
-      const DevicePtr lo = (b->ptr + g - 1) / g * g;
-      const DevicePtr hi = (b->ptr + b->size) / g * g;
+      // Pages lie at whole multiples of the unit from the segment's base.
+      const DevicePtr lo = seg->base + (b->ptr - seg->base + g - 1) / g * g;
+      const DevicePtr hi = seg->base + (b->ptr + b->size - seg->base) / g * g;
       if (hi > lo) runs.push_back(PageRun{b, lo, (hi - lo) / g});
     }
   }
@@ -98,12 +99,12 @@ std::vector<ExpandableSegments::PageRun> ExpandableSegments::free_page_runs(cons
 // device is done with its last block (UnmapClock); while the limit leaves room, pages the
 // device may still use are left alone and new memory is made instead of waiting.
 bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
-  const std::size_t g = backend_.vm_granularity();
+  const std::size_t g = unit();
   const std::size_t pages = need / g;
   // Below the most ever held, new memory raises no peak and costs fewer calls than moving pages
   // (each its own unmap and map); a program that cycles through the same shapes settles there.
   if (segments_.bytes() + need <= high_water_ && ledger_.claim(need)) {
-    if (const Status st = backend_.map_pages(u->ptr, need); st != Status::kOk) {
+    if (const Status st = backend_.map_pages(u->ptr, need, g); st != Status::kOk) {
       ledger_.unclaim(need);
       ledger_.note_device_error(st);
       return false;
@@ -155,7 +156,7 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
   }
   const DevicePtr fresh_at = u->ptr + have * g;
   if (fresh > 0) {
-    if (const Status st = backend_.map_pages(fresh_at, fresh * g); st != Status::kOk) {
+    if (const Status st = backend_.map_pages(fresh_at, fresh * g, g); st != Status::kOk) {
       ledger_.unclaim(fresh * g);
       ledger_.note_device_error(st);
       return false;
@@ -167,13 +168,13 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
     for (const PageRun& t : take) {
       for (std::size_t i = 0; i < t.pages; ++i) from.push_back(t.first + i * g);
     }
-    if (backend_.remap(from, u->ptr) == Status::kOk) {
+    if (backend_.remap(from, u->ptr, g) == Status::kOk) {
       ++stats_.num_remaps;
       stats_.num_remapped_pages += static_cast<std::int64_t>(have);
     } else {
       // Nothing moved: the request gets new memory instead, as without stitching.
       const bool claimed_rest = ledger_.claim(have * g);
-      if (!claimed_rest || backend_.map_pages(u->ptr, have * g) != Status::kOk) {
+      if (!claimed_rest || backend_.map_pages(u->ptr, have * g, g) != Status::kOk) {
         if (claimed_rest) ledger_.unclaim(have * g);
         if (fresh > 0 && backend_.unmap(fresh_at, fresh * g) == Status::kOk) ledger_.unclaim(fresh * g);
         return false;
@@ -209,7 +210,7 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
 }
 
 void ExpandableSegments::pages_left(Block* b, DevicePtr first, std::size_t n) {
-  const std::size_t bytes = n * backend_.vm_granularity();
+  const std::size_t bytes = n * unit();
   blocks_.erase(b);
   Block* gone = b;
   if (first > b->ptr) {

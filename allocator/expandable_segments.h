@@ -54,9 +54,12 @@ enum class PageStitching : bool { kOff, kOn };
 
 class ExpandableSegments {
  public:
+  // `page`: with stitching, the bytes of one physical allocation, the unit pages move in (0: the
+  // backend's granularity; else a multiple of it).
   ExpandableSegments(SegmentBackend& backend, SegmentTable& segments, FreeBlocks& blocks, MemoryStats& stats,
-                     SegmentLedger& ledger, PageStitching stitching = PageStitching::kOff)
-      : backend_(backend), segments_(segments), blocks_(blocks), stats_(stats), ledger_(ledger), stitching_(stitching) {
+                     SegmentLedger& ledger, PageStitching stitching = PageStitching::kOff, std::size_t page = 0)
+      : backend_(backend), segments_(segments), blocks_(blocks), stats_(stats), ledger_(ledger), stitching_(stitching),
+        page_(page) {
     if (stitching_ == PageStitching::kOn) blocks_.set_unmap_clock(&clock_);
   }
   ExpandableSegments(const ExpandableSegments&) = delete;
@@ -107,6 +110,12 @@ class ExpandableSegments {
   SegmentLedger& ledger_;
   std::map<std::pair<StreamHandle, PoolKind>, Segment*> by_key_;
   const PageStitching stitching_;
+  const std::size_t page_;
+  // The unit segments are reserved and mapped in: the stitching page, else the granularity.
+  std::size_t unit() const {
+    const std::size_t g = backend_.vm_granularity();
+    return stitching_ == PageStitching::kOn && page_ > g ? page_ / g * g : g;
+  }
   UnmapClock clock_;
   std::size_t high_water_ = 0;  // the most memory stitching growth has held
 };

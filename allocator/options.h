@@ -26,6 +26,10 @@ struct AllocatorOptions {
   // Expandable segments map one physical page per granule and a growth takes the free pages of
   // other blocks before new memory (expandable_segments.h). Needs expandable_segments.
   bool page_stitching = false;
+  // The bytes of one physical allocation under page stitching, the unit pages move in: larger
+  // pages cost fewer driver calls and leave more of a partly used page idle. 0: the device's
+  // granularity.
+  std::size_t stitch_page_bytes = 0;
   // Fraction of the device's total memory the process may reserve. 1 = all.
   double per_process_memory_fraction = 1.0;
   // Absolute cap on reserved bytes. 0 = none.

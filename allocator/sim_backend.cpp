@@ -238,14 +238,14 @@ Status SimBackend::map(DevicePtr va, std::size_t bytes) {
   return Status::kOk;
 }
 
-Status SimBackend::map_pages(DevicePtr va, std::size_t bytes) {
+Status SimBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t page) {
   std::lock_guard lock(mutex_);
+  if (page == 0 || page % options_.vm_granularity != 0 || bytes % page != 0) return Status::kInvalidValue;
   const Status st = map(va, bytes);
   if (st != Status::kOk) return st;
-  // One physical allocation per granule, as the driver backend makes them.
-  const std::size_t g = options_.vm_granularity;
+  // One physical allocation per page, as the driver backend makes them.
   mappings_.erase(va);
-  for (DevicePtr p = va; p < va + bytes; p += g) mappings_[p] = Mapping{g, next_physical_++};
+  for (DevicePtr p = va; p < va + bytes; p += page) mappings_[p] = Mapping{page, next_physical_++};
   return Status::kOk;
 }
 
@@ -254,11 +254,14 @@ bool SimBackend::can_remap() const {
   return options_.virtual_memory && !capturing_;
 }
 
-Status SimBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to) {
+Status SimBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) {
   std::lock_guard lock(mutex_);
-  const std::size_t g = options_.vm_granularity;
+  const std::size_t g = page;
   if (!options_.virtual_memory || capturing_) return Status::kBackendError;
-  if (from.empty() || to % g != 0 || !free_address_range(to, from.size() * g)) return Status::kInvalidValue;
+  if (page == 0 || page % options_.vm_granularity != 0) return Status::kInvalidValue;
+  if (from.empty() || to % options_.vm_granularity != 0 || !free_address_range(to, from.size() * g)) {
+    return Status::kInvalidValue;
+  }
   for (std::size_t i = 0; i < from.size(); ++i) {
     auto it = mappings_.find(from[i]);
     if (it == mappings_.end() || it->second.bytes != g) return Status::kInvalidValue;

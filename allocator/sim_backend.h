@@ -50,8 +50,8 @@ class SimBackend final : public SegmentBackend {
   Status map(DevicePtr va, std::size_t bytes) override;
   Status unmap(DevicePtr va, std::size_t bytes) override;
   bool can_remap() const override;
-  Status map_pages(DevicePtr va, std::size_t bytes) override;
-  Status remap(const std::vector<DevicePtr>& from, DevicePtr to) override;
+  Status map_pages(DevicePtr va, std::size_t bytes, std::size_t page) override;
+  Status remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) override;
 
   // --- the simulated device
   // Queues work on a stream (created on first use; 0 is the default stream). It runs when

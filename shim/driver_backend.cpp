@@ -701,16 +701,17 @@ Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
 
 bool DriverBackend::can_remap() const { return !dead() && supports_virtual_memory() && !captures_.any(); }
 
-// One physical allocation per granule, so that remap() can move each page on its own; access is
+// One physical allocation per page, so that remap() can move each page on its own; access is
 // set once for the whole range.
-Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes) {
+Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t page) {
   if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   RelaxedCaptureMode relaxed(captures_.any());
   const CUmemAllocationProp prop = device_prop(device_);
-  const std::size_t g = vm_granularity();
+  const std::size_t g = page;
+  if (g == 0 || g % vm_granularity() != 0 || bytes % g != 0) return Status::kInvalidValue;
   std::vector<std::pair<DevicePtr, CUmemGenericAllocationHandle>> made;
   const auto undo = [&] {
     for (const auto& [p, h] : made) {
@@ -743,9 +744,10 @@ Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes) {
   return Status::kOk;
 }
 
-Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to) {
+Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) {
   if (!can_remap()) return Status::kBackendError;
-  const std::size_t g = vm_granularity();
+  const std::size_t g = page;
+  if (g == 0 || g % vm_granularity() != 0) return Status::kInvalidValue;
   std::vector<CUmemGenericAllocationHandle> handles;
   {
     std::lock_guard lock(mutex_);

@@ -47,8 +47,8 @@ class DriverBackend final : public SegmentBackend {
   Status map(DevicePtr va, std::size_t bytes) override;
   Status unmap(DevicePtr va, std::size_t bytes) override;
   bool can_remap() const override;
-  Status map_pages(DevicePtr va, std::size_t bytes) override;
-  Status remap(const std::vector<DevicePtr>& from, DevicePtr to) override;
+  Status map_pages(DevicePtr va, std::size_t bytes, std::size_t page) override;
+  Status remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) override;
 
   // A non-blocking stream of this context (from the stream hooks); `helper`: a library's
   // helper stream (helper_streams.h).

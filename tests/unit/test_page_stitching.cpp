@@ -23,8 +23,9 @@ constexpr StreamHandle kStreamB = 0x20;
 constexpr std::size_t kPage = 2 * kMiB;
 
 struct Fixture {
-  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB) : sim(make_sim(total)) {
+  explicit Fixture(std::size_t limit = 0, std::size_t total = 1 * kGiB, std::size_t page = 0) : sim(make_sim(total)) {
     options.page_stitching = true;
+    options.stitch_page_bytes = page;
     options.memory_limit_bytes = limit;
     options.thread_cache = false;
     alloc = std::make_unique<DeviceAllocator>(sim, options);
@@ -89,6 +90,26 @@ TEST_CASE("a growth takes the free pages of holes instead of new memory") {
   // The holes are address space again: nothing there is accessible.
   CHECK_FALSE(f.sim.is_accessible(a, kPage));
   CHECK_FALSE(f.sim.is_accessible(c, kPage));
+}
+
+TEST_CASE("pages of several granules move whole") {
+  Fixture f(0, 1 * kGiB, 4 * kMiB);
+  DevicePtr a = f.get(8 * kMiB), b = f.get(8 * kMiB), c = f.get(6 * kMiB), d = f.get(10 * kMiB);
+  fill(b, 8 * kMiB, 0xb);
+  fill(d, 10 * kMiB, 0xd);
+  CHECK(f.reserved() == static_cast<std::int64_t>(32 * kMiB));
+  f.put(a);
+  f.put(c);
+  // a's two pages and the one whole page inside c's [16, 22) MiB: 12 MiB to move, 4 new.
+  DevicePtr e = f.get(16 * kMiB);
+  CHECK(f.reserved() == static_cast<std::int64_t>(36 * kMiB));
+  CHECK(f.sim.remapped_pages() == 3);
+  // One physical allocation spans both granules of a page.
+  CHECK(f.sim.physical_at(e) == f.sim.physical_at(e + 2 * kMiB));
+  CHECK(f.sim.physical_at(e) != f.sim.physical_at(e + 4 * kMiB));
+  fill(e, 16 * kMiB, 0xe);
+  CHECK(holds(b, 8 * kMiB, 0xb));
+  CHECK(holds(d, 10 * kMiB, 0xd));
 }
 
 TEST_CASE("without page stitching the same requests need new memory") {
@@ -223,7 +244,7 @@ TEST_CASE("property: stitching never moves memory in use") {
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     std::mt19937_64 rng(seed);
     const std::size_t limit = seed % 3 == 0 ? 160 * kMiB : 0;
-    Fixture f(limit, 512 * kMiB);
+    Fixture f(limit, 512 * kMiB, seed % 4 == 1 ? 4 * kMiB : 0);
     struct Live {
       DevicePtr ptr;
       std::size_t bytes;

@@ -46,9 +46,12 @@ with tempfile.TemporaryDirectory(prefix="cudalloc-install-") as dest:
     pc = one(dest, "**/pkgconfig/cudalloc.pc")
     launcher = one(dest, "**/bin/cudalloc")
     replay = one(dest, "**/bin/cudalloc-replay")
+    engine = one(dest, "**/libexec/cudalloc/cudalloc-replay")
+    trace_tool = one(dest, "**/bin/cudalloc-trace")
     package = one(dest, "**/cudalloc/__init__.py")
     for path, what in ((lib, "library"), (header, "header"), (pc, "pkg-config file"), (launcher, "launcher"),
-                       (replay, "cudalloc-replay"), (package, "Python package"),
+                       (replay, "cudalloc-replay"), (engine, "replay engine"), (trace_tool, "cudalloc-trace"),
+                       (package, "Python package"),
                        (one(dest, "**/share/doc/cudalloc/README.md"), "README"),
                        (one(dest, "**/share/doc/cudalloc/LICENSE"), "LICENSE"),
                        (one(dest, "**/share/doc/cudalloc/trace-format.md"), "trace format"),
@@ -58,6 +61,14 @@ with tempfile.TemporaryDirectory(prefix="cudalloc-install-") as dest:
     if failures:
         sys.exit(1)
     check(os.access(launcher, os.X_OK), "bin/cudalloc is executable")
+    # The installed tools on the installed demo trace, from another folder, no build tree.
+    demo = one(dest, "**/share/cudalloc/demo-training.trace")
+    tool_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDALLOC_REPLAY_BIN")}
+    for cmd, what in (([trace_tool, "summary", "--no-symbols", demo], "reserved"),
+                      ([replay, demo, "--quiet", "--format", "json"], "peak_reserved")):
+        p = subprocess.run(cmd, capture_output=True, text=True, env=tool_env, cwd=dest)
+        check(p.returncode == 0 and what in p.stdout, "installed %s runs: %s" % (os.path.basename(cmd[0]),
+                                                                              p.stderr.strip()[-200:]))
     out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True).stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
     check(all(n.startswith(("libc.so", "libm.so", "libdl.so", "libpthread.so", "ld-linux")) for n in needed),

@@ -102,6 +102,16 @@ void HostCache::notify(EventKind kind, const void* ptr, std::size_t requested, s
   observer_->on_event(e);
 }
 
+// The open batch's blocks wait behind one new fence.
+void HostCache::close_batch_locked(SizeClass& c) {
+  Batch batch;
+  batch.blocks = std::move(c.open);
+  c.open.clear();
+  batch.fence = backend_.record_fence();
+  ++c.fences;
+  c.fenced.push_back(std::move(batch));
+}
+
 void HostCache::poll_locked(SizeClass& c) {
   std::size_t done = 0;
   while (done < c.fenced.size() && c.fenced[done].fence->done()) {
@@ -121,12 +131,7 @@ HostCache::Block* HostCache::take_locked(SizeClass& c, bool* fenced) {
     if (c.fenced.empty() && c.open.empty()) return nullptr;
     poll_locked(c);
     if (c.ready.empty() && !c.open.empty()) {
-      Batch batch;
-      batch.blocks = std::move(c.open);
-      c.open.clear();
-      batch.fence = backend_.record_fence();
-      ++c.fences;
-      c.fenced.push_back(std::move(batch));
+      close_batch_locked(c);
       poll_locked(c);
     }
     if (c.ready.empty()) return nullptr;
@@ -305,14 +310,7 @@ std::size_t HostCache::release_locked(bool wait) {
     if (set == nullptr) continue;
     for (SizeClass& c : set->classes) {
       std::lock_guard lock(c.mutex);
-      if (wait && !c.open.empty()) {
-        Batch batch;
-        batch.blocks = std::move(c.open);
-        c.open.clear();
-        batch.fence = backend_.record_fence();
-        ++c.fences;
-        c.fenced.push_back(std::move(batch));
-      }
+      if (wait && !c.open.empty()) close_batch_locked(c);
       if (wait) {
         for (Batch& batch : c.fenced) {
           if (!batch.fence->wait()) break;  // a capture is on: those stay pending

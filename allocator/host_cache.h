@@ -210,6 +210,7 @@ class HostCache {
   // Takes a ready block, after polling fences and closing the open batch; null if none.
   Block* take_locked(SizeClass& c, bool* fenced);
   void poll_locked(SizeClass& c);
+  void close_batch_locked(SizeClass& c);
   void hand_out_locked(SizeClass& c, Block* b, std::size_t bytes);
   Status new_segment(unsigned flags, unsigned cls, Segment** out);
   std::size_t release_locked(bool wait);

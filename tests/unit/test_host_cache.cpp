@@ -27,6 +27,10 @@ struct TestFence final : Fence {
 
 class TestBackend final : public HostBackend {
  public:
+  // What a test left allocated goes with it, as pinned memory goes with its process.
+  ~TestBackend() override {
+    for (const auto& entry : live) std::free(entry.first);
+  }
   Status allocate(std::size_t bytes, unsigned flags, void** out) override {
     if (fail_next) {
       fail_next = false;

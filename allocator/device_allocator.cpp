@@ -114,7 +114,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // request (the pools do not share segments), so a large miss leaves the small bins warm.
     // A bridge (allocate_missed) keeps the thread's cache: draining it would restart the
     // thread's pipeline, which the bridge is there to deepen.
-    if (!room_for(SizeClasses::segment_size(rounded))) {
+    if (!memory_limit.room_for(SizeClasses::segment_size(rounded))) {
       drain_all(true);
     } else if (kind == PoolKind::kSmall && !bridge) {
       drain_own();
@@ -123,7 +123,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     // The epoch is fenced once it is worth a fence, or when new memory would be short.
     if (b == nullptr && fences.epoch_open() &&
-        (fences.epoch_bytes() >= options.free_epoch_bytes || !room_for(SizeClasses::segment_size(rounded)))) {
+        (fences.epoch_bytes() >= options.free_epoch_bytes || !memory_limit.room_for(SizeClasses::segment_size(rounded)))) {
       fences.close_epoch(backend);
       if (collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     }
@@ -305,7 +305,7 @@ void DeviceAllocator::forget_all() {
   m.live.clear();
   m.blocks.clear();
   m.expandable.clear();
-  m.budget->release(m.segments.bytes());  // the context took its memory with it
+  m.memory_limit.unclaim(m.segments.bytes());  // the context took its memory with it
   m.segments.clear();
   m.reserved_now.store(0);
   m.allocated_now.store(0);
@@ -356,19 +356,17 @@ std::size_t DeviceAllocator::cached_bytes() const {
 
 std::size_t DeviceAllocator::memory_limit() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->limit();
+  return impl_->memory_limit.in_force();
 }
 
 std::size_t DeviceAllocator::budget_held() const {
   std::lock_guard lock(impl_->mutex);  // the budget's pointer, not its count, needs it
-  return impl_->budget->held();
+  return impl_->memory_limit.held();
 }
 
 void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
   std::lock_guard lock(impl_->mutex);
-  if (budget == nullptr || budget == impl_->budget) return;
-  budget->add(impl_->budget->held());  // what it holds already moves with it
-  impl_->budget = std::move(budget);
+  impl_->memory_limit.share(std::move(budget));
 }
 
 void DeviceAllocator::set_reclaimer(std::function<bool()> reclaim) {
@@ -378,7 +376,7 @@ void DeviceAllocator::set_reclaimer(std::function<bool()> reclaim) {
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  impl_->limit_override = bytes;
+  impl_->memory_limit.set_override(bytes);
 }
 
 }  // namespace cudalloc

@@ -21,6 +21,7 @@
 #include "allocator/fence_clock.h"
 #include "allocator/free_blocks.h"
 #include "allocator/live_map.h"
+#include "allocator/memory_limit.h"
 #include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
@@ -62,10 +63,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::atomic<std::int64_t> allocated_now{0};
   std::atomic<std::size_t> reserved_now{0};
   std::optional<OomReport> last_oom;
-  std::size_t limit_override = 0;
-  // The device's memory against the limit: this allocator's alone unless shared (share_budget).
-  std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
-  // Segments the backend frees later (kDeferred), still claimed in `budget` until it has.
+  MemoryLimit memory_limit{backend, options};
+  // Segments the backend frees later (kDeferred), still claimed in the budget until it has.
   std::atomic<std::size_t> freeing{0};
   // The same segments by address, with what it takes to put one back in its pool should the
   // device refuse its free later (`refused`, and `any_refused` set, until take_back_refused).
@@ -81,17 +80,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::map<DevicePtr, Parked> parked;
   std::atomic<bool> any_refused{false};
   std::function<bool()> reclaimer;  // set_reclaimer; empty: none
-
-  std::size_t limit() const {
-    if (limit_override != 0) return limit_override;
-    const std::size_t total = backend.total_memory();
-    std::size_t limit = total;
-    if (options.per_process_memory_fraction < 1.0) {
-      limit = static_cast<std::size_t>(static_cast<double>(total) * options.per_process_memory_fraction);
-    }
-    if (options.memory_limit_bytes != 0) limit = std::min(limit, options.memory_limit_bytes);
-    return limit;
-  }
 
   std::size_t reserved() const { return segments.bytes(); }
   // Under the lock, after merge_deltas().
@@ -224,9 +212,9 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // (forget_all), the totals falling to zero; no device call.
   void report_forgotten();
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
-  std::size_t device_limit() const override { return limit(); }
-  bool claim(std::size_t bytes) override;
-  void unclaim(std::size_t bytes) override;
+  std::size_t device_limit() const override { return memory_limit.in_force(); }
+  bool claim(std::size_t bytes) override { return memory_limit.claim(bytes); }
+  void unclaim(std::size_t bytes) override { memory_limit.unclaim(bytes); }
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_error(Status error) override;
@@ -238,7 +226,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status device_error = Status::kOk;
 
   // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
-  bool room_for(std::size_t bytes) const;
   void collect_garbage();
   void give_back_idle(std::size_t target);
   bool release_oversize(std::size_t rounded);

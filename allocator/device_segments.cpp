@@ -9,10 +9,6 @@ namespace cudalloc {
 
 using Impl = DeviceAllocator::Impl;
 
-bool Impl::claim(std::size_t bytes) { return budget->claim(bytes, limit()); }
-
-void Impl::unclaim(std::size_t bytes) { budget->release(bytes); }
-
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);

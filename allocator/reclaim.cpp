@@ -26,23 +26,12 @@ std::vector<Segment*> idle_segments(const SegmentTable& segments, Pred&& pred) {
 
 }  // namespace
 
-// Whether `bytes` more can be reserved without passing the limit or the collection threshold
-// (both the device's, whichever allocator of it holds the memory).
-bool Impl::room_for(std::size_t bytes) const {
-  std::size_t cap = limit();
-  if (options.garbage_collection_threshold > 0.0) {
-    cap = static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(cap));
-  }
-  const std::size_t held = budget->held();
-  return bytes <= cap && held <= cap - bytes;
-}
-
 // Garbage collection: above the threshold, give back the longest-idle segments first.
 void Impl::collect_garbage() {
   if (options.garbage_collection_threshold <= 0.0) return;
   const auto target =
-      static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
-  const std::size_t held = budget->held();
+      static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(memory_limit.in_force()));
+  const std::size_t held = memory_limit.held();
   if (held <= target) return;
   // Small blocks parked in thread caches keep their segments busy: hand them back first.
   drain_all(true);
@@ -119,12 +108,12 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.stream = stream;
   r.requested = requested;
   r.rounded = rounded;
-  r.limit = limit();
+  r.limit = memory_limit.in_force();
   r.device_total = backend.total_memory();
   r.allocated = allocated();
   r.reserved = reserved();
   r.freeing = freeing.load(std::memory_order_relaxed);
-  const std::size_t held = budget->held();
+  const std::size_t held = memory_limit.held();
   r.held_elsewhere = held > r.reserved + r.freeing ? held - r.reserved - r.freeing : 0;
   r.largest_free_block = blocks.largest();
   r.pending_free = fences.pending_bytes();

@@ -22,6 +22,7 @@
 #include "allocator/free_blocks.h"
 #include "allocator/live_map.h"
 #include "allocator/memory_limit.h"
+#include "allocator/parked_segments.h"
 #include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
@@ -65,20 +66,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::optional<OomReport> last_oom;
   MemoryLimit memory_limit{backend, options};
   // Segments the backend frees later (kDeferred), still claimed in the budget until it has.
-  std::atomic<std::size_t> freeing{0};
-  // The same segments by address, with what it takes to put one back in its pool should the
-  // device refuse its free later (`refused`, and `any_refused` set, until take_back_refused).
-  // Under `parked_lock`, which is taken last: the backend reports from any thread, maybe
-  // under `mutex`.
-  struct Parked {
-    std::size_t size = 0;
-    PoolKind kind = PoolKind::kSmall;
-    StreamHandle stream = 0;
-    bool refused = false;
-  };
-  SpinLock parked_lock;
-  std::map<DevicePtr, Parked> parked;
-  std::atomic<bool> any_refused{false};
+  ParkedSegments parked;
   std::function<bool()> reclaimer;  // set_reclaimer; empty: none
 
   std::size_t reserved() const { return segments.bytes(); }
@@ -204,7 +192,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
   // The backend freed (or the device refused) a segment it had deferred (backend.h); takes
-  // only `parked_lock`.
+  // only the parking lock.
   void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed);
   // Segments whose deferred free the device refused become idle segments of their pools again.
   void take_back_refused();

@@ -79,18 +79,10 @@ bool Impl::free_segment(Segment* s) {
   // back before, another context of the device could claim it while the device still held
   // both, and for good if the device refused. A deferred free gives it back in deferred_done
   // (counted and parked first: that may run on another thread before free_segment returns).
-  freeing.fetch_add(size, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(parked_lock);
-    parked[base] = Parked{size, kind, stream};
-  }
+  parked.park(base, {size, kind, stream});
   const Status st = backend.free_segment(base, size);
   if (st == Status::kDeferred) return true;
-  {
-    std::lock_guard lock(parked_lock);
-    parked.erase(base);
-  }
-  freeing.fetch_sub(size, std::memory_order_relaxed);
+  parked.unpark(base, size);
   if (st == Status::kOk) {
     unclaim(size);
     return true;
@@ -105,42 +97,14 @@ bool Impl::free_segment(Segment* s) {
 }
 
 void Impl::deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) {
-  {
-    std::lock_guard lock(parked_lock);
-    const auto it = parked.find(ptr);
-    if (!freed && it != parked.end()) {
-      // Still the device's, and still claimed: the next locked step takes it back (this may
-      // run under `mutex`, or on a thread that must not wait for it).
-      it->second.refused = true;
-      any_refused.store(true, std::memory_order_release);
-      return;
-    }
-    if (it != parked.end()) parked.erase(it);
-  }
-  if (!freed) return;  // not one of ours: nothing to give back
-  freeing.fetch_sub(bytes, std::memory_order_relaxed);
-  unclaim(bytes);
+  if (parked.deferred_done(ptr, bytes, freed)) unclaim(bytes);
 }
 
 // As after a refused plain free (free_segment): an idle segment of its pool again, its room
 // still claimed, given back at the next release. Under the lock.
 void Impl::take_back_refused() {
-  if (!any_refused.load(std::memory_order_acquire)) return;
-  std::vector<std::pair<DevicePtr, Parked>> back;
-  {
-    std::lock_guard lock(parked_lock);
-    any_refused.store(false, std::memory_order_relaxed);
-    for (auto it = parked.begin(); it != parked.end();) {
-      if (it->second.refused) {
-        back.emplace_back(*it);
-        it = parked.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (const auto& [base, p] : back) {
-    freeing.fetch_sub(p.size, std::memory_order_relaxed);
+  if (!parked.any_refused()) return;
+  for (const auto& [base, p] : parked.take_refused()) {
     Segment* s = add_segment(base, p.size, p.kind, p.stream);
     --stats.num_device_alloc;  // the memory never left: no new device allocation
     --stats.num_device_free;   // and the free counted in free_segment did not happen

@@ -112,7 +112,7 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.device_total = backend.total_memory();
   r.allocated = allocated();
   r.reserved = reserved();
-  r.freeing = freeing.load(std::memory_order_relaxed);
+  r.freeing = parked.freeing();
   const std::size_t held = memory_limit.held();
   r.held_elsewhere = held > r.reserved + r.freeing ? held - r.reserved - r.freeing : 0;
   r.largest_free_block = blocks.largest();

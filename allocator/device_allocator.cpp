@@ -92,7 +92,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   if (bridge) ++stats.num_bridged_allocs;
   merge_deltas();
   take_back_refused();
-  device_error = Status::kOk;
+  oom.start_try();
   // Past kMaxRoundable, rounding would overflow; no device has that much memory anyway.
   constexpr std::size_t kMaxRequest = kMaxRoundable;
   const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
@@ -142,17 +142,17 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
       b = obtain(stream, rounded, kind);
     }
     // A refusal that is not for want of memory ends the ladder: releasing cache cannot help.
-    if (b == nullptr && device_error == Status::kOk && release_oversize(rounded)) b = obtain(stream, rounded, kind);
-    if (b == nullptr && device_error == Status::kOk) {
+    if (b == nullptr && !oom.device_refused() && release_oversize(rounded)) b = obtain(stream, rounded, kind);
+    if (b == nullptr && !oom.device_refused()) {
       if (attempt != Try::kAgain) ++stats.num_alloc_retries;
       release_idle();
       b = blocks.find(stream, rounded, kind);
       if (b == nullptr) b = obtain(stream, rounded, kind);
     }
   }
-  if (b == nullptr && device_error != Status::kOk) {
-    notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
-    return device_error;
+  if (b == nullptr && oom.device_refused()) {
+    notify(EventKind::kOom, stream, 0, bytes, rounded, oom.device_error(), async);
+    return oom.device_error();
   }
   if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, async);
   take(b, bytes, rounded);
@@ -166,7 +166,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
 Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
   const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
   ++stats.num_ooms;
-  last_oom = make_oom_report(bytes, rounded, stream);
+  oom.record(make_oom_report(bytes, rounded, stream));
   notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
   return Status::kOutOfMemory;
 }
@@ -345,7 +345,7 @@ std::string DeviceAllocator::summary() const {
 
 std::optional<OomReport> DeviceAllocator::last_oom() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->last_oom;
+  return impl_->oom.last();
 }
 
 std::size_t DeviceAllocator::cached_bytes() const {
@@ -371,7 +371,7 @@ void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
 
 void DeviceAllocator::set_reclaimer(std::function<bool()> reclaim) {
   std::lock_guard lock(impl_->mutex);
-  impl_->reclaimer = std::move(reclaim);
+  impl_->oom.set_reclaimer(std::move(reclaim));
 }
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {

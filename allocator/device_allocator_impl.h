@@ -22,6 +22,7 @@
 #include "allocator/free_blocks.h"
 #include "allocator/live_map.h"
 #include "allocator/memory_limit.h"
+#include "allocator/out_of_memory.h"
 #include "allocator/parked_segments.h"
 #include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
@@ -63,11 +64,10 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // attached (it costs a shared atomic per operation). Attach it before the first allocation.
   std::atomic<std::int64_t> allocated_now{0};
   std::atomic<std::size_t> reserved_now{0};
-  std::optional<OomReport> last_oom;
   MemoryLimit memory_limit{backend, options};
   // Segments the backend frees later (kDeferred), still claimed in the budget until it has.
   ParkedSegments parked;
-  std::function<bool()> reclaimer;  // set_reclaimer; empty: none
+  OutOfMemory oom;
 
   std::size_t reserved() const { return segments.bytes(); }
   // Under the lock, after merge_deltas().
@@ -205,13 +205,9 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   void unclaim(std::size_t bytes) override { memory_limit.unclaim(bytes); }
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
-  void note_device_error(Status error) override;
+  void note_device_error(Status error) override { oom.note_device_error(error); }
   void note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
-  // Set when the device refused memory with an error other than out of memory (a capture that
-  // forbids the call, a broken context): releasing cache and retrying cannot help, and the
-  // program gets that error, not an out-of-memory report. Reset by each locked allocation.
-  Status device_error = Status::kOk;
 
   // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
   void collect_garbage();

@@ -17,10 +17,6 @@ void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, 
   notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
 }
 
-void Impl::note_device_error(Status error) {
-  if (error == Status::kBackendError || error == Status::kDeinitialized) device_error = error;
-}
-
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   reserved_now.store(segments.bytes(), std::memory_order_relaxed);
   ++stats.num_device_free;

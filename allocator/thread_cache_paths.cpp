@@ -349,15 +349,14 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
                                               bool bridge) {
   {
     std::lock_guard lock(mutex);
-    // A request no device could hold gains nothing from other contexts' caches.
-    const bool reclaim = reclaimer && bytes <= kMaxRoundable;
+    const bool reclaim = oom.may_reclaim(bytes);
     const Status st = allocate(bytes, stream, out, async, reclaim ? Try::kFirst : Try::kOnly, bridge);
     if (st != Status::kOutOfMemory || !reclaim) return st;
   }
   // Out of memory, not yet reported: memory held elsewhere on the device, given back with no
   // lock of ours held (the other allocators may be reclaiming from this one meanwhile), buys
-  // one more try. set_reclaimer comes before the first allocation: `reclaimer` is read as is.
-  const bool more = reclaimer();
+  // one more try. set_reclaimer comes before the first allocation: the reclaimer is read as is.
+  const bool more = oom.reclaim();
   std::lock_guard lock(mutex);
   if (more) return allocate(bytes, stream, out, async, Try::kAgain);
   merge_deltas();

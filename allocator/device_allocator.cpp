@@ -59,7 +59,7 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   // Its free parks it in this thread's large bins only if this thread took it.
   if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
   account_alloc(stats, b, sizes.is_oversize(b->size));
-  count_allocated(static_cast<std::int64_t>(b->size));
+  events.count_allocated(static_cast<std::int64_t>(b->size));
   live.insert(b->ptr, b);
 }
 
@@ -101,7 +101,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   // A large request that missed this thread's bins first gives back what the thread parked
   // there, so that the pool's best fit sees every free block, as it would without the bins.
   if (kind == PoolKind::kLarge) drain_own_large();
-  bool hit = true;
+  CacheHit hit = CacheHit::kHit;
   Block* b = bytes > kMaxRequest ? nullptr : blocks.find(stream, rounded, kind);
   if (kind == PoolKind::kLarge) b = reach_epoch(b, stream, rounded);
   if (b == nullptr && bytes <= kMaxRequest) {
@@ -123,7 +123,8 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     // The epoch is fenced once it is worth a fence, or when new memory would be short.
     if (b == nullptr && fences.epoch_open() &&
-        (fences.epoch_bytes() >= options.free_epoch_bytes || !memory_limit.room_for(SizeClasses::segment_size(rounded)))) {
+        (fences.epoch_bytes() >= options.free_epoch_bytes ||
+         !memory_limit.room_for(SizeClasses::segment_size(rounded)))) {
       fences.close_epoch(backend);
       if (collect_ready() > 0) b = blocks.find(stream, rounded, kind);
     }
@@ -137,7 +138,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     }
     if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
     if (b == nullptr) {
-      hit = false;
+      hit = CacheHit::kMiss;
       collect_garbage();
       b = obtain(stream, rounded, kind);
     }
@@ -151,14 +152,16 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     }
   }
   if (b == nullptr && oom.device_refused()) {
-    notify(EventKind::kOom, stream, 0, bytes, rounded, oom.device_error(), async);
+    events.notify({.kind = EventKind::kOom, .stream = stream, .requested = bytes, .rounded = rounded,
+                   .result = oom.device_error(), .call = call_kind(async)});
     return oom.device_error();
   }
   if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, async);
   take(b, bytes, rounded);
-  if (hit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
+  if (hit == CacheHit::kHit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
   *out = b->ptr;
-  notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, hit);
+  events.notify({.kind = EventKind::kAlloc, .stream = stream, .ptr = b->ptr, .requested = bytes,
+                 .rounded = b->size, .call = call_kind(async), .hit = hit});
   return Status::kOk;
 }
 
@@ -167,7 +170,8 @@ Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
   const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
   ++stats.num_ooms;
   oom.record(make_oom_report(bytes, rounded, stream));
-  notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
+  events.notify({.kind = EventKind::kOom, .stream = stream, .requested = bytes, .rounded = rounded,
+                 .result = Status::kOutOfMemory, .call = call_kind(async)});
   return Status::kOutOfMemory;
 }
 
@@ -177,7 +181,7 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
   merge_deltas();
   const DevicePtr ptr = b->ptr;
   account_free(stats, b, sizes.is_oversize(b->size));
-  count_allocated(-static_cast<std::int64_t>(b->size));
+  events.count_allocated(-static_cast<std::int64_t>(b->size));
   const std::size_t requested = b->requested;
   const std::size_t size = b->size;
   b->state = BlockState::kPending;
@@ -205,7 +209,8 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
       break;
     }
   }
-  notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
+  events.notify({.kind = EventKind::kFree, .stream = stream, .ptr = ptr, .requested = requested, .rounded = size,
+                 .call = call_kind(async)});
 }
 
 namespace {
@@ -245,7 +250,7 @@ Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
 }
 
 void DeviceAllocator::set_observer(AllocatorObserver* observer) {
-  impl_->observer.store(observer, std::memory_order_release);
+  impl_->events.attach(observer);
 }
 
 std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
@@ -307,8 +312,7 @@ void DeviceAllocator::forget_all() {
   m.expandable.clear();
   m.memory_limit.unclaim(m.segments.bytes());  // the context took its memory with it
   m.segments.clear();
-  m.reserved_now.store(0);
-  m.allocated_now.store(0);
+  m.events.forget();
   MemoryStats fresh;
   fresh.num_alloc_retries = m.stats.num_alloc_retries;
   fresh.num_ooms = m.stats.num_ooms;

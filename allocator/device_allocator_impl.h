@@ -17,6 +17,7 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/device_mutex.h"
+#include "allocator/event_reporter.h"
 #include "allocator/expandable_segments.h"
 #include "allocator/fence_clock.h"
 #include "allocator/free_blocks.h"
@@ -41,11 +42,12 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   SizeClasses sizes;
   int device;
   const std::uint64_t id;
-  std::atomic<AllocatorObserver*> observer{nullptr};
-  // The fields above are read by every cached allocate and free; the lock and what it guards
-  // start on a line of their own, so that a thread on the locked path does not make every
-  // other thread's next read of `observer` a miss (a visible share of every cached allocate
-  // and free under many threads).
+  // Its observer pointer is read by every cached allocate and free, as are the fields above;
+  // its running totals start a line of their own.
+  EventReporter events{device};
+  // The lock and what it guards start on a line of their own, so that a thread on the locked
+  // path does not make every other thread's next read of the observer a miss (a visible share
+  // of every cached allocate and free under many threads).
   alignas(64) DeviceMutex mutex;
 
   MemoryStats stats;
@@ -60,10 +62,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   LiveMap live;
   RegionFilter regions;  // where this allocator's memory may lie (note_device_alloc)
   std::vector<std::shared_ptr<ThreadCache>> caches;
-  // Allocated bytes for the observer's records, kept across threads only while an observer is
-  // attached (it costs a shared atomic per operation). Attach it before the first allocation.
-  std::atomic<std::int64_t> allocated_now{0};
-  std::atomic<std::size_t> reserved_now{0};
   MemoryLimit memory_limit{backend, options};
   // Segments the backend frees later (kDeferred), still claimed in the budget until it has.
   ParkedSegments parked;
@@ -72,50 +70,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   std::size_t reserved() const { return segments.bytes(); }
   // Under the lock, after merge_deltas().
   std::size_t allocated() const { return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current); }
-
-  void count_allocated(std::int64_t delta) {
-    if (observer.load(std::memory_order_relaxed) != nullptr) {
-      allocated_now.fetch_add(delta, std::memory_order_relaxed);
-    }
-  }
-
-  void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
-              std::size_t rounded, Status result = Status::kOk, bool async = false,
-              bool hit = false, bool local = false) {
-    AllocatorObserver* o = observer.load(std::memory_order_acquire);
-    if (o == nullptr) return;
-    report(*o, kind, stream, ptr, requested, rounded, result, async, hit, local,
-           static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed)));
-  }
-
-  // notify() for a block a thread cache hands out or takes back (`delta`: +size or -size):
-  // the record carries the allocated bytes the count's own update returned, with no second
-  // look at the shared count.
-  void notify_cached(AllocatorObserver& o, EventKind kind, const Block* b, std::size_t requested, StreamHandle stream,
-                     bool async, bool local, std::int64_t delta) {
-    const std::int64_t after = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-    report(o, kind, stream, b->ptr, requested, b->size, Status::kOk, async, kind == EventKind::kAlloc, local,
-           static_cast<std::size_t>(after));
-  }
-
-  // The record itself, for notify() and notify_cached().
-  void report(AllocatorObserver& o, EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
-              std::size_t rounded, Status result, bool async, bool hit, bool local, std::size_t allocated_after) {
-    AllocatorEvent e;
-    e.kind = kind;
-    e.async = async;
-    e.cache_hit = hit;
-    e.local = local;
-    e.result = result;
-    e.device = device;
-    e.stream = stream;
-    e.ptr = ptr;
-    e.requested = requested;
-    e.rounded = rounded;
-    e.allocated_after = allocated_after;
-    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
-    o.on_event(e);
-  }
 
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();

@@ -11,32 +11,32 @@ using Impl = DeviceAllocator::Impl;
 
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  events.set_reserved(segments.bytes());
   ++stats.num_device_alloc;
   add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
+  events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  events.set_reserved(segments.bytes());
   ++stats.num_device_free;
   sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+  events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
 // Moved pages keep the memory held the same: the segment events tell observers that the
 // addresses changed, the device calls are not counted (the growth that moved them is).
 void Impl::note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  events.set_reserved(segments.bytes());
   sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+  events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
 void Impl::note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
+  events.set_reserved(segments.bytes());
   add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
+  events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
 Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
@@ -114,18 +114,19 @@ void Impl::take_back_refused() {
 // free (as the program's own would read), before the end of the segment it lies in; then each
 // segment, or each mapped chunk of an expandable one (as it was reported), a segment free.
 void Impl::report_forgotten() {
-  if (observer.load(std::memory_order_acquire) == nullptr) return;
+  if (events.observer() == nullptr) return;
   std::size_t reserved = segments.bytes();
   segments.for_each([&](Segment* s) {
     for (Block* b = s->first; b != nullptr; b = b->next) {
       if (b->state != BlockState::kAllocated) continue;
-      count_allocated(-static_cast<std::int64_t>(b->size));
-      notify(EventKind::kFree, b->stream, b->ptr, b->requested, b->size);
+      events.count_allocated(-static_cast<std::int64_t>(b->size));
+      events.notify({.kind = EventKind::kFree, .stream = b->stream, .ptr = b->ptr, .requested = b->requested,
+                     .rounded = b->size});
     }
     const auto gone = [&](DevicePtr ptr, std::size_t bytes) {
       reserved -= bytes;
-      reserved_now.store(reserved, std::memory_order_relaxed);
-      notify(EventKind::kSegmentFree, s->stream, ptr, bytes, bytes);
+      events.set_reserved(reserved);
+      events.notify_segment(EventKind::kSegmentFree, s->stream, ptr, bytes);
     };
     if (!s->expandable) {
       gone(s->base, s->size);

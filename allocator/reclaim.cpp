@@ -98,7 +98,7 @@ std::size_t Impl::release_idle(std::size_t keep) {
   wait_pending();
   give_back_idle(keep);
   const std::size_t released = before - reserved();
-  notify(EventKind::kCacheRelease, 0, 0, released, released);
+  events.notify({.kind = EventKind::kCacheRelease, .requested = released, .rounded = released});
   return released;
 }
 

@@ -331,17 +331,24 @@ CUDALLOC_NOINLINE Status Impl::hit_into_table(ThreadCache& cache, Block* b, std:
 }
 
 CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async) {
-  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
-    notify_cached(*o, EventKind::kAlloc, b, bytes, stream, async, /*local=*/true,
-                  static_cast<std::int64_t>(b->size));
+  if (AllocatorObserver* o = events.observer()) {
+    events.notify_cached(*o,
+                         {.kind = EventKind::kAlloc, .stream = stream, .ptr = b->ptr, .requested = bytes,
+                          .rounded = b->size, .call = call_kind(async), .hit = CacheHit::kHit,
+                          .locality = Locality::kLocal},
+                         static_cast<std::int64_t>(b->size));
   }
   return Status::kOk;
 }
 
 // A free the cache takes, reported while the cache's lock is held (see free_block).
 CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, bool async, bool local) {
-  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
-    notify_cached(*o, EventKind::kFree, b, b->requested, stream, async, local, -static_cast<std::int64_t>(b->size));
+  if (AllocatorObserver* o = events.observer()) {
+    events.notify_cached(*o,
+                         {.kind = EventKind::kFree, .stream = stream, .ptr = b->ptr, .requested = b->requested,
+                          .rounded = b->size, .call = call_kind(async),
+                          .locality = local ? Locality::kLocal : Locality::kShared},
+                         -static_cast<std::int64_t>(b->size));
   }
 }
 
@@ -377,7 +384,7 @@ CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle st
       if (!cache.live.insert_newest(b->ptr, b)) [[unlikely]] return m.hit_into_table(cache, b, bytes, stream, out, async);
       cache.lock.unlock();
       *out = b->ptr;
-      if (m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] return Status::kOk;
+      if (!m.events.observed()) [[likely]] return Status::kOk;
       return m.observed_hit(b, bytes, stream, async);
     }
     cache.lock.unlock();
@@ -422,7 +429,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // Reported before the block enters the cache, where another thread may drain it (under the
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
-    if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, found_own);
+    if (events.observed()) observed_free(b, stream, async, found_own);
     if (reusable) {
       const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
       held.unlock();
@@ -474,7 +481,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     free(b, FreeOrder::kDevice, stream, async);
     return Status::kOk;
   }
-  if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, local);
+  if (events.observed()) observed_free(b, stream, async, local);
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
   const bool due = cache.batch_due(options.free_epoch_bytes);
@@ -532,13 +539,13 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
-        if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
+        if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, async);
         const bool cached = park_reusable(m, cache, b, key);
         cache.lock.unlock();
         return cached ? Status::kOk : m.bin_full(b);
       }
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
-      if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
+      if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, async);
       count_deferred(m, cache, b);
       const bool due = cache.batch_due(m.options.free_epoch_bytes);
       cache.lock.unlock();

@@ -84,12 +84,13 @@ Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
   return blocks.find(stream, rounded, kind);
 }
 
-Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt, bool bridge) {
+Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call, Try attempt,
+                      Bridge bridge) {
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
   if (attempt != Try::kAgain) ++stats.num_locked_allocs;
-  if (bridge) ++stats.num_bridged_allocs;
+  if (bridge == Bridge::kYes) ++stats.num_bridged_allocs;
   merge_deltas();
   take_back_refused();
   oom.start_try();
@@ -115,8 +116,8 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
     // A bridge (allocate_missed) keeps the thread's cache: draining it would restart the
     // thread's pipeline, which the bridge is there to deepen.
     if (!memory_limit.room_for(SizeClasses::segment_size(rounded))) {
-      drain_all(true);
-    } else if (kind == PoolKind::kSmall && !bridge) {
+      drain_all(Drain::kWithBins);
+    } else if (kind == PoolKind::kSmall && bridge == Bridge::kNo) {
       drain_own();
     }
     b = blocks.find(stream, rounded, kind);
@@ -153,30 +154,30 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bo
   }
   if (b == nullptr && oom.device_refused()) {
     events.notify({.kind = EventKind::kOom, .stream = stream, .requested = bytes, .rounded = rounded,
-                   .result = oom.device_error(), .call = call_kind(async)});
+                   .result = oom.device_error(), .call = call});
     return oom.device_error();
   }
-  if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, async);
+  if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, call);
   take(b, bytes, rounded);
   if (hit == CacheHit::kHit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
   *out = b->ptr;
   events.notify({.kind = EventKind::kAlloc, .stream = stream, .ptr = b->ptr, .requested = bytes,
-                 .rounded = b->size, .call = call_kind(async), .hit = hit});
+                 .rounded = b->size, .call = call, .hit = hit});
   return Status::kOk;
 }
 
 // Under the lock, the statistics merged.
-Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
+Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, CallKind call) {
   const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
   ++stats.num_ooms;
   oom.record(make_oom_report(bytes, rounded, stream));
   events.notify({.kind = EventKind::kOom, .stream = stream, .requested = bytes, .rounded = rounded,
-                 .result = Status::kOutOfMemory, .call = call_kind(async)});
+                 .result = Status::kOutOfMemory, .call = call});
   return Status::kOutOfMemory;
 }
 
 // `b` was taken out of the live map by the caller.
-void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
+void Impl::free(Block* b, FreeOrder order, StreamHandle stream, CallKind call) {
   ++stats.num_locked_frees;
   merge_deltas();
   const DevicePtr ptr = b->ptr;
@@ -210,7 +211,7 @@ void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
     }
   }
   events.notify({.kind = EventKind::kFree, .stream = stream, .ptr = ptr, .requested = requested, .rounded = size,
-                 .call = call_kind(async)});
+                 .call = call});
 }
 
 namespace {
@@ -286,7 +287,7 @@ std::size_t DeviceAllocator::release_cached(std::size_t keep) {
 
 void DeviceAllocator::synchronize_pending() {
   std::lock_guard lock(impl_->mutex);
-  impl_->drain_all(false);
+  impl_->drain_all(Impl::Drain::kPending);
   impl_->wait_pending();
 }
 

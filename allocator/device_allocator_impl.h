@@ -93,34 +93,44 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
     return nullptr;
   }
   void merge_deltas();
-  void drain(ThreadCache& cache, bool bins);
+  // How much of a thread cache a drain takes: what is pending (its deferred frees, its spill,
+  // its batches but the two newest), or, when memory is short, its bins and every batch too.
+  enum class Drain : bool { kPending, kWithBins };
+  void drain(ThreadCache& cache, Drain what);
   // What refill() did: moved blocks into the bin; found no batch, or the oldest not past its
   // fence; or could not tell without waiting for another thread (FenceClock::try_passed).
   enum class Refill { kDone, kNone, kBusy };
-  Refill refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, bool may_bridge);
+  // What refill() does when another thread is recording the fence it needs: wait for it, or
+  // answer kBusy so that the caller bridges.
+  enum class BusyFence : bool { kWait, kBridge };
+  Refill refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, BusyFence busy);
   // The slow ends of DeviceAllocator::allocate and ::free (thread_cache_paths.cpp), out of
   // line so that the hot paths save no registers: a miss of the hot path; a hit whose block
   // enters the live table's hashed part; a hit, or a cached free, reported to the observer; the
   // locked path; a free the hot path does not take; a reusable block its bin has no room for; a full batch.
-  Status allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
+  Status allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call);
   Status hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream, DevicePtr* out,
-                        bool async);
-  Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async);
-  void observed_free(const Block* b, StreamHandle stream, bool async, bool local = true);
-  // `bridge`: a small miss whose thread keeps its cache (no drain_own), see allocate_missed.
-  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool bridge = false);
-  Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
+                        CallKind call);
+  Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, CallKind call);
+  void observed_free(const Block* b, StreamHandle stream, CallKind call, Locality locality = Locality::kLocal);
+  // A small miss whose thread keeps its cache (no drain_own) rather than wait for another
+  // thread's fence: see allocate_missed.
+  enum class Bridge : bool { kNo, kYes };
+  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call,
+                         Bridge bridge = Bridge::kNo);
+  Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, CallKind call, ThreadCache* own);
   Status bin_full(Block* b);
-  Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, bool async, bool local);
-  // Closes the thread's deferred frees as a batch once due, or with `now` whenever there are any.
-  Status close_batch(ThreadCache& cache, bool now = false);
+  Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, CallKind call, Locality locality);
+  // Closes the thread's deferred frees as a batch once one is due, or now if there are any.
+  enum class CloseWhen : bool { kDue, kNow };
+  Status close_batch(ThreadCache& cache, CloseWhen when = CloseWhen::kDue);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
   ThreadCache* find_local_cache();
   // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
   void drain_own();
   // Only its large bins (a large miss: small blocks cannot serve it).
   void drain_own_large();
-  void drain_all(bool bins);
+  void drain_all(Drain what);
 
   // --- blocks changing hands (device_allocator.cpp)
   void release_block(Block* b);
@@ -133,11 +143,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // reclaims and tries again); or that second one, which counts the request's lock and retry
   // no more (the first did: the statistics count requests, not runs of the ladder).
   enum class Try { kOnly, kFirst, kAgain };
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly,
-                  bool bridge = false);
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call, Try attempt = Try::kOnly,
+                  Bridge bridge = Bridge::kNo);
   // Counts and reports a request that failed for want of memory.
-  Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
-  void free(Block* b, FreeOrder order, StreamHandle stream, bool async);
+  Status out_of_memory(std::size_t bytes, StreamHandle stream, CallKind call);
+  void free(Block* b, FreeOrder order, StreamHandle stream, CallKind call);
 
   // --- device memory (device_segments.cpp)
   Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);

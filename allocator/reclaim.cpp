@@ -34,7 +34,7 @@ void Impl::collect_garbage() {
   const std::size_t held = memory_limit.held();
   if (held <= target) return;
   // Small blocks parked in thread caches keep their segments busy: hand them back first.
-  drain_all(true);
+  drain_all(Drain::kWithBins);
   // Only this allocator's memory can go: what the device holds above the target comes off it.
   const std::size_t mine = reserved();
   give_back_idle(held - target >= mine ? 0 : mine - (held - target));
@@ -94,7 +94,7 @@ Block* Impl::adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKi
 std::size_t Impl::release_idle(std::size_t keep) {
   take_back_refused();  // their free is tried again with the rest
   const std::size_t before = reserved();
-  drain_all(true);
+  drain_all(Drain::kWithBins);
   wait_pending();
   give_back_idle(keep);
   const std::size_t released = before - reserved();

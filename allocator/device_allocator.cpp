@@ -38,7 +38,7 @@ Impl::Impl(SegmentBackend& b, const AllocatorOptions& o, int dev)
 
 // A freed block stops being active and becomes reusable.
 void Impl::release_block(Block* b) {
-  account_inactive(stats, b);
+  account_inactive(stats.totals, b);
   blocks.make_reusable(b);
 }
 
@@ -58,7 +58,7 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   b->has_buffer_id = false;
   // Its free parks it in this thread's large bins only if this thread took it.
   if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
-  account_alloc(stats, b, sizes.is_oversize(b->size));
+  account_alloc(stats.totals, b, sizes.is_oversize(b->size));
   events.count_allocated(static_cast<std::int64_t>(b->size));
   live.insert(b->ptr, b);
 }
@@ -89,9 +89,9 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
   *out = 0;
   if (bytes == 0) return Status::kInvalidValue;
   ++tick;
-  if (attempt != Try::kAgain) ++stats.num_locked_allocs;
-  if (bridge == Bridge::kYes) ++stats.num_bridged_allocs;
-  merge_deltas();
+  if (attempt != Try::kAgain) ++stats.totals.num_locked_allocs;
+  if (bridge == Bridge::kYes) ++stats.totals.num_bridged_allocs;
+  stats.merge(caches);
   take_back_refused();
   oom.start_try();
   // Past kMaxRoundable, rounding would overflow; no device has that much memory anyway.
@@ -134,7 +134,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
     while (b == nullptr && options.max_pending_bytes != 0 && fences.pending_bytes(kind) > options.max_pending_bytes) {
       fences.close_epoch(backend);
       if (!fences.wait_oldest([this](Block* x) { release_block(x); })) break;
-      ++stats.num_pending_waits;
+      ++stats.totals.num_pending_waits;
       b = blocks.find(stream, rounded, kind);
     }
     if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
@@ -146,7 +146,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
     // A refusal that is not for want of memory ends the ladder: releasing cache cannot help.
     if (b == nullptr && !oom.device_refused() && release_oversize(rounded)) b = obtain(stream, rounded, kind);
     if (b == nullptr && !oom.device_refused()) {
-      if (attempt != Try::kAgain) ++stats.num_alloc_retries;
+      if (attempt != Try::kAgain) ++stats.totals.num_alloc_retries;
       release_idle();
       b = blocks.find(stream, rounded, kind);
       if (b == nullptr) b = obtain(stream, rounded, kind);
@@ -159,7 +159,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
   }
   if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, call);
   take(b, bytes, rounded);
-  if (hit == CacheHit::kHit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
+  if (hit == CacheHit::kHit) ++stats.totals.num_cache_hits; else ++stats.totals.num_cache_misses;
   *out = b->ptr;
   events.notify({.kind = EventKind::kAlloc, .stream = stream, .ptr = b->ptr, .requested = bytes,
                  .rounded = b->size, .call = call, .hit = hit});
@@ -169,7 +169,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
 // Under the lock, the statistics merged.
 Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, CallKind call) {
   const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
-  ++stats.num_ooms;
+  ++stats.totals.num_ooms;
   oom.record(make_oom_report(bytes, rounded, stream));
   events.notify({.kind = EventKind::kOom, .stream = stream, .requested = bytes, .rounded = rounded,
                  .result = Status::kOutOfMemory, .call = call});
@@ -178,10 +178,10 @@ Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, CallKind call
 
 // `b` was taken out of the live map by the caller.
 void Impl::free(Block* b, FreeOrder order, StreamHandle stream, CallKind call) {
-  ++stats.num_locked_frees;
-  merge_deltas();
+  ++stats.totals.num_locked_frees;
+  stats.merge(caches);
   const DevicePtr ptr = b->ptr;
-  account_free(stats, b, sizes.is_oversize(b->size));
+  account_free(stats.totals, b, sizes.is_oversize(b->size));
   events.count_allocated(-static_cast<std::int64_t>(b->size));
   const std::size_t requested = b->requested;
   const std::size_t size = b->size;
@@ -294,7 +294,7 @@ void DeviceAllocator::synchronize_pending() {
 void DeviceAllocator::forget_all() {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  m.merge_deltas();  // the cumulative counts the thread caches have not folded in yet
+  m.stats.merge(m.caches);  // the cumulative counts the thread caches have not folded in yet
   m.take_back_refused();  // went with the context too: forgotten (and reported) with the rest
   for (auto& cache : m.caches) {
     std::lock_guard cache_lock(cache->lock);
@@ -314,31 +314,20 @@ void DeviceAllocator::forget_all() {
   m.memory_limit.unclaim(m.segments.bytes());  // the context took its memory with it
   m.segments.clear();
   m.events.forget();
-  MemoryStats fresh;
-  fresh.num_alloc_retries = m.stats.num_alloc_retries;
-  fresh.num_ooms = m.stats.num_ooms;
-  fresh.num_pending_waits = m.stats.num_pending_waits;
-  fresh.num_device_alloc = m.stats.num_device_alloc;
-  fresh.num_device_free = m.stats.num_device_free;
-  fresh.num_cache_hits = m.stats.num_cache_hits;
-  fresh.num_cache_misses = m.stats.num_cache_misses;
-  fresh.num_locked_allocs = m.stats.num_locked_allocs;
-  fresh.num_locked_frees = m.stats.num_locked_frees;
-  fresh.num_bridged_allocs = m.stats.num_bridged_allocs;
-  m.stats = fresh;
+  m.stats.forget_memory();
 }
 
 MemoryStats DeviceAllocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  m.merge_deltas();
-  return m.stats;
+  m.stats.merge(m.caches);
+  return m.stats.totals;
 }
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(impl_->mutex);
-  impl_->merge_deltas();
-  impl_->stats.reset_peaks();
+  impl_->stats.merge(impl_->caches);
+  impl_->stats.totals.reset_peaks();
 }
 
 std::string DeviceAllocator::summary() const {
@@ -355,8 +344,8 @@ std::optional<OomReport> DeviceAllocator::last_oom() const {
 
 std::size_t DeviceAllocator::cached_bytes() const {
   std::lock_guard lock(impl_->mutex);
-  impl_->merge_deltas();
-  return impl_->reserved() - impl_->allocated();
+  impl_->stats.merge(impl_->caches);
+  return impl_->reserved() - impl_->stats.allocated();
 }
 
 std::size_t DeviceAllocator::memory_limit() const {

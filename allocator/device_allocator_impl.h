@@ -29,6 +29,7 @@
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
 #include "allocator/spin_lock.h"
+#include "allocator/statistics.h"
 #include "allocator/stream_fence.h"
 #include "allocator/thread_cache.h"
 
@@ -50,11 +51,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // of every cached allocate and free under many threads).
   alignas(64) DeviceMutex mutex;
 
-  MemoryStats stats;
+  Statistics stats;
   std::uint64_t tick = 0;
-  FreeBlocks blocks{sizes, stats, tick};
+  FreeBlocks blocks{sizes, stats.totals, tick};
   SegmentTable segments;
-  ExpandableSegments expandable{backend, segments, blocks, stats, *this,
+  ExpandableSegments expandable{backend, segments, blocks, stats.totals, *this,
                                 options.page_stitching ? PageStitching::kOn : PageStitching::kOff,
                                 options.stitch_page_bytes};
   FenceQueue fences;
@@ -68,8 +69,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   OutOfMemory oom;
 
   std::size_t reserved() const { return segments.bytes(); }
-  // Under the lock, after merge_deltas().
-  std::size_t allocated() const { return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current); }
 
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();
@@ -92,7 +91,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
     }
     return nullptr;
   }
-  void merge_deltas();
   // How much of a thread cache a drain takes: what is pending (its deferred frees, its spill,
   // its batches but the two newest), or, when memory is short, its bins and every batch too.
   enum class Drain : bool { kPending, kWithBins };

@@ -12,15 +12,15 @@ using Impl = DeviceAllocator::Impl;
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
   events.set_reserved(segments.bytes());
-  ++stats.num_device_alloc;
-  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  ++stats.totals.num_device_alloc;
+  add_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   events.set_reserved(segments.bytes());
-  ++stats.num_device_free;
-  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  ++stats.totals.num_device_free;
+  sub_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
@@ -28,14 +28,14 @@ void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, s
 // addresses changed, the device calls are not counted (the growth that moved them is).
 void Impl::note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   events.set_reserved(segments.bytes());
-  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  sub_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
 void Impl::note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
   events.set_reserved(segments.bytes());
-  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  add_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
@@ -53,8 +53,8 @@ Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind
 
 Segment* Impl::add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream) {
   Segment* s = segments.add(base, size, kind, stream);
-  add_stat(stats.segment, kind, 1);
-  if (sizes.is_oversize(size)) ++stats.oversize_segments;
+  add_stat(stats.totals.segment, kind, 1);
+  if (sizes.is_oversize(size)) ++stats.totals.oversize_segments;
   note_device_alloc(kind, stream, base, size);
   return s;
 }
@@ -66,8 +66,8 @@ bool Impl::free_segment(Segment* s) {
   const StreamHandle stream = s->stream;
   blocks.erase(s->first);
   segments.remove(s);
-  sub_stat(stats.segment, kind, 1);
-  if (sizes.is_oversize(size)) --stats.oversize_segments;
+  sub_stat(stats.totals.segment, kind, 1);
+  if (sizes.is_oversize(size)) --stats.totals.oversize_segments;
   // Observers hear of it while the memory still exists (a sanitizer's heap is unregistered
   // before the driver takes the memory back).
   note_device_free(kind, stream, base, size);
@@ -86,8 +86,8 @@ bool Impl::free_segment(Segment* s) {
   // The device still holds the memory, still claimed: it comes back as an idle segment of the
   // pool (observers hear of it again), else it would be held and counted by nobody.
   Segment* again = add_segment(base, size, kind, stream);
-  --stats.num_device_alloc;  // neither call reached the device
-  --stats.num_device_free;
+  --stats.totals.num_device_alloc;  // neither call reached the device
+  --stats.totals.num_device_free;
   blocks.insert(again->first);
   return false;
 }
@@ -102,8 +102,8 @@ void Impl::take_back_refused() {
   if (!parked.any_refused()) return;
   for (const auto& [base, p] : parked.take_refused()) {
     Segment* s = add_segment(base, p.size, p.kind, p.stream);
-    --stats.num_device_alloc;  // the memory never left: no new device allocation
-    --stats.num_device_free;   // and the free counted in free_segment did not happen
+    --stats.totals.num_device_alloc;  // the memory never left: no new device allocation
+    --stats.totals.num_device_free;   // and the free counted in free_segment did not happen
     blocks.insert(s->first);
   }
 }

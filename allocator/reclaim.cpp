@@ -110,7 +110,7 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.rounded = rounded;
   r.limit = memory_limit.in_force();
   r.device_total = backend.total_memory();
-  r.allocated = allocated();
+  r.allocated = stats.allocated();
   r.reserved = reserved();
   r.freeing = parked.freeing();
   const std::size_t held = memory_limit.held();

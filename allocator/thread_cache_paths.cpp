@@ -140,23 +140,13 @@ Block* Impl::find_live_locked(DevicePtr ptr) {
   return in_thread_tables([ptr](LiveTable& t) { return t.get(ptr); });
 }
 
-// Folds every thread's hot-path statistics into `stats`. Done before the locked path changes
-// them, so that a peak is never taken over totals that miss another thread's frees.
-void Impl::merge_deltas() {
-  for (auto& cache : caches) {
-    if (!cache->changed()) continue;
-    std::lock_guard lock(cache->lock);
-    cache->fold_into(stats);
-  }
-}
-
 // Takes a cache's statistics, its deferred frees, its spilled blocks and, kWithBins (memory is
 // short), its cached blocks and fenced batches. Otherwise a thread keeps its two newest batches
 // to refill its bins.
 void Impl::drain(ThreadCache& cache, Drain what) {
   const bool bins = what == Drain::kWithBins;
   std::lock_guard lock(cache.lock);
-  cache.fold_into(stats);
+  stats.fold(cache);
   for (Block* b : cache.deferred()) {
     cache.left_batches(b);
     fences.defer_to_epoch(b);
@@ -368,7 +358,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
   const bool more = oom.reclaim();
   std::lock_guard lock(mutex);
   if (more) return allocate(bytes, stream, out, call, Try::kAgain);
-  merge_deltas();
+  stats.merge(caches);
   return out_of_memory(bytes, stream, call);
 }
 
@@ -496,7 +486,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
 // A block reusable at once whose bin had no room: the allocator takes it.
 CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
   std::lock_guard lock(mutex);
-  ++stats.num_locked_frees;
+  ++stats.totals.num_locked_frees;
   blocks.make_reusable(b);
   return Status::kOk;
 }
@@ -520,7 +510,7 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
   if (ticket != 0) batch_fences.cover(ticket, backend);
   if (!hand_over) return Status::kOk;
   std::lock_guard lock(mutex);
-  ++stats.num_locked_frees;
+  ++stats.totals.num_locked_frees;
   drain(cache, Drain::kPending);
   return Status::kOk;
 }

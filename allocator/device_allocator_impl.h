@@ -1,18 +1,22 @@
-// The state behind a DeviceAllocator, shared by the files that implement it: the public API
-// and the allocate/free ladder (device_allocator.cpp), the thread-cache hot paths
-// (thread_cache_paths.cpp), getting and giving back plain segments (device_segments.cpp) and
-// the reclaim steps of the out-of-memory ladder (reclaim.cpp). Free blocks and coalescing
-// live in FreeBlocks, virtual-memory growth in ExpandableSegments. Only what the hot path
-// calls is defined here, inline; everything but the hot path runs under `mutex`.
+// The state behind a DeviceAllocator and the ladder that composes its parts. Each part keeps
+// its own state behind a small interface: the limit and the device's budget (MemoryLimit),
+// the statistics (Statistics), the observer and its running totals (EventReporter), what a
+// failing request leaves behind (OutOfMemory), segments the device frees later
+// (ParkedSegments), free blocks and coalescing (FreeBlocks), virtual-memory growth
+// (ExpandableSegments), fences (FenceQueue, FenceClock), the thread caches (ThreadCache).
+// Impl's methods are the ladder and the plumbing between the parts, in four files: the
+// thread-cache hot paths (thread_cache_paths.cpp), the locked allocate/free ladder
+// (ladder.cpp), getting and giving back plain segments (device_segments.cpp) and the reclaim
+// steps of the out-of-memory ladder (reclaim.cpp); the public API is in device_allocator.cpp.
+// Only what the hot path calls is defined inline; everything but the hot path runs under
+// `mutex`.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include "allocator/device_allocator.h"
@@ -130,7 +134,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   void drain_own_large();
   void drain_all(Drain what);
 
-  // --- blocks changing hands (device_allocator.cpp)
+  // --- the locked ladder: blocks changing hands (ladder.cpp)
   void release_block(Block* b);
   std::size_t collect_ready();
   std::size_t wait_pending();

@@ -114,7 +114,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream, DevicePtr* out,
                         CallKind call);
   Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, CallKind call);
-  void observed_free(const Block* b, StreamHandle stream, CallKind call, Locality locality = Locality::kLocal);
+  // `call` last: the hot free passes it on in the register it came in.
+  void observed_free(const Block* b, StreamHandle stream, Locality locality, CallKind call);
   // A small miss whose thread keeps its cache (no drain_own) rather than wait for another
   // thread's fence: see allocate_missed.
   enum class Bridge : bool { kNo, kYes };

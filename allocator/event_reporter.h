@@ -106,5 +106,7 @@ class alignas(64) EventReporter {
   alignas(64) std::atomic<std::int64_t> allocated_now_{0};
   std::atomic<std::size_t> reserved_now_{0};
 };
+static_assert(alignof(EventReporter) == 64 && sizeof(EventReporter) == 128,
+              "the observer's line, then the totals' own line");
 
 }  // namespace cudalloc

@@ -335,7 +335,7 @@ CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, S
 }
 
 // A free the cache takes, reported while the cache's lock is held (see free_block).
-CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, CallKind call, Locality locality) {
+CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, Locality locality, CallKind call) {
   if (AllocatorObserver* o = events.observer()) {
     events.notify_cached(*o,
                          {.kind = EventKind::kFree, .stream = stream, .ptr = b->ptr, .requested = b->requested,
@@ -423,7 +423,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // Reported before the block enters the cache, where another thread may drain it (under the
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
-    if (events.observed()) observed_free(b, stream, call, locality);
+    if (events.observed()) observed_free(b, stream, locality, call);
     if (reusable) {
       const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
       held.unlock();
@@ -475,7 +475,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     free(b, FreeOrder::kDevice, stream, call);
     return Status::kOk;
   }
-  if (events.observed()) observed_free(b, stream, call, locality);
+  if (events.observed()) observed_free(b, stream, locality, call);
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
   const bool due = cache.batch_due(options.free_epoch_bytes);
@@ -522,9 +522,8 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
 // cache's lock, held here, before the block can serve again.
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
-  const CallKind call = call_kind(async);
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
-    return m.free_block(ptr, order, stream, call, nullptr);
+    return m.free_block(ptr, order, stream, call_kind(async), nullptr);
   }
   ThreadCache& cache = *t_last_cache;
   cache.lock.lock();
@@ -534,13 +533,13 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
-        if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, call);
+        if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
         const bool cached = park_reusable(m, cache, b, key);
         cache.lock.unlock();
         return cached ? Status::kOk : m.bin_full(b);
       }
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
-      if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, call);
+      if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
       count_deferred(m, cache, b);
       const bool due = cache.batch_due(m.options.free_epoch_bytes);
       cache.lock.unlock();
@@ -550,7 +549,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   // Not the hot path's: the block goes back to the newest slot, where free_block looks first.
   if (b != nullptr) cache.live.insert_newest(ptr, b);
   cache.lock.unlock();
-  return m.free_block(ptr, order, stream, call, &cache);
+  return m.free_block(ptr, order, stream, call_kind(async), &cache);
 }
 
 }  // namespace cudalloc

@@ -1,8 +1,7 @@
-// The device allocator's public API and its locked allocate/free ladder: how a request that
-// the calling thread's cache cannot serve is met (pools, fenced frees, another stream's idle
-// segment, new device memory, then the reclaim steps of reclaim.cpp, in that order), and how a
-// block freed under the lock becomes reusable. The lock-free hot paths of allocate and free are
-// in thread_cache_paths.cpp, the shared state in device_allocator_impl.h.
+// The device allocator's public API, but for allocate and free: construction, queries, the
+// statistics, limits and releases, each under the device lock. The hot paths of allocate and
+// free are in thread_cache_paths.cpp, the locked ladder behind them in ladder.cpp, the state
+// they share in device_allocator_impl.h.
 #include "allocator/device_allocator.h"
 
 #include <algorithm>
@@ -11,14 +10,11 @@
 #include <mutex>
 #include <vector>
 
-#include "allocator/allocator_stats.h"
 #include "allocator/device_allocator_impl.h"
 
 namespace cudalloc {
 
 namespace {
-
-std::atomic<std::uint64_t> next_allocator_id{1};
 
 // Buffer ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of the blocks handed out, one per hand-out, never
 // reused in the process: natively every allocation has its own, and registration caches (UCX,
@@ -32,181 +28,6 @@ std::atomic<std::uint64_t> last_buffer_id{kBufferIdMark};
 }  // namespace
 
 using Impl = DeviceAllocator::Impl;
-
-Impl::Impl(SegmentBackend& b, const AllocatorOptions& o, int dev)
-    : backend(b), options(o), sizes(o), device(dev), id(next_allocator_id.fetch_add(1)) {}
-
-// A freed block stops being active and becomes reusable.
-void Impl::release_block(Block* b) {
-  account_inactive(stats, b);
-  blocks.make_reusable(b);
-}
-
-std::size_t Impl::collect_ready() {
-  return fences.collect([this](Block* b) { release_block(b); });
-}
-
-std::size_t Impl::wait_pending() {
-  return fences.wait_all(backend, [this](Block* b) { release_block(b); });
-}
-
-// Hands `b` (free, out of its pool) to the program, splitting off what it does not need.
-void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
-  if (sizes.should_split(b->size, rounded, b->segment->pool)) blocks.insert(FreeBlocks::split_at(b, rounded));
-  b->state = BlockState::kAllocated;
-  b->requested = requested;
-  b->has_buffer_id = false;
-  // Its free parks it in this thread's large bins only if this thread took it.
-  if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
-  account_alloc(stats, b, sizes.is_oversize(b->size));
-  count_allocated(static_cast<std::int64_t>(b->size));
-  live.insert(b->ptr, b);
-}
-
-// cudaFree'd large blocks wait in the open epoch, out of the pool's best fit: the pool then
-// splits a bigger free block for a request that one of them would have served, and the waste
-// piles up (a training trace replayed as cudaMalloc/cudaFree, the device keeping up, used its
-// reserved memory far worse than with the same frees in stream order). So when the best fit `fit` would
-// be split and the epoch holds a block that could serve, the epoch is closed now, provided the
-// device has passed the fence of the epoch closed before: it keeps up, so this fence is likely
-// passed at once. Returns the best fit after that.
-// Not when nothing fits: closing then made a loop of cudaMalloc/cudaFree pairs record a fence
-// per pair (a driver call per pair, several times the pair's cost) and gained the replays
-// nothing. Behind a lagging device, closing at every such request only adds fences.
-Block* Impl::reach_epoch(Block* fit, StreamHandle stream, std::size_t rounded) {
-  const PoolKind kind = PoolKind::kLarge;
-  if (!fences.epoch_holds(kind, rounded)) return fit;
-  if (fit == nullptr || !sizes.should_split(fit->size, rounded, kind)) return fit;
-  if (!fences.newest_epoch_passed()) return fit;
-  blocks.insert(fit);
-  fences.close_epoch(backend);
-  collect_ready();
-  return blocks.find(stream, rounded, kind);
-}
-
-Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt, bool bridge) {
-  *out = 0;
-  if (bytes == 0) return Status::kInvalidValue;
-  ++tick;
-  if (attempt != Try::kAgain) ++stats.num_locked_allocs;
-  if (bridge) ++stats.num_bridged_allocs;
-  merge_deltas();
-  take_back_refused();
-  device_error = Status::kOk;
-  // Past kMaxRoundable, rounding would overflow; no device has that much memory anyway.
-  constexpr std::size_t kMaxRequest = kMaxRoundable;
-  const std::size_t rounded = bytes > kMaxRequest ? kMaxRequest : sizes.round(bytes);
-  const PoolKind kind = SizeClasses::pool_for(rounded);
-
-  // A large request that missed this thread's bins first gives back what the thread parked
-  // there, so that the pool's best fit sees every free block, as it would without the bins.
-  if (kind == PoolKind::kLarge) drain_own_large();
-  bool hit = true;
-  Block* b = bytes > kMaxRequest ? nullptr : blocks.find(stream, rounded, kind);
-  if (kind == PoolKind::kLarge) b = reach_epoch(b, stream, rounded);
-  if (b == nullptr && bytes <= kMaxRequest) {
-    // Small blocks parked in this thread's cache go back to the pools before new small memory
-    // is cut, and every thread's when that memory would be short. Draining every thread on
-    // every miss kept the others from closing batches of their own (their open cudaFree
-    // batches went to the epoch), so each miss caused more: threads of cudaMalloc+cudaFree
-    // pairs then ran over twenty times slower. Other threads' parked blocks may cost a program a
-    // few more small segments. Small blocks cannot serve a large
-    // request (the pools do not share segments), so a large miss leaves the small bins warm.
-    // A bridge (allocate_missed) keeps the thread's cache: draining it would restart the
-    // thread's pipeline, which the bridge is there to deepen.
-    if (!room_for(SizeClasses::segment_size(rounded))) {
-      drain_all(true);
-    } else if (kind == PoolKind::kSmall && !bridge) {
-      drain_own();
-    }
-    b = blocks.find(stream, rounded, kind);
-    if (b == nullptr && collect_ready() > 0) b = blocks.find(stream, rounded, kind);
-    // The epoch is fenced once it is worth a fence, or when new memory would be short.
-    if (b == nullptr && fences.epoch_open() &&
-        (fences.epoch_bytes() >= options.free_epoch_bytes || !room_for(SizeClasses::segment_size(rounded)))) {
-      fences.close_epoch(backend);
-      if (collect_ready() > 0) b = blocks.find(stream, rounded, kind);
-    }
-    // A program far ahead of the GPU: wait for the oldest fence rather than grow without bound
-    // (only for the pool asked from: the other pool's pending blocks cannot serve this).
-    while (b == nullptr && options.max_pending_bytes != 0 && fences.pending_bytes(kind) > options.max_pending_bytes) {
-      fences.close_epoch(backend);
-      if (!fences.wait_oldest([this](Block* x) { release_block(x); })) break;
-      ++stats.num_pending_waits;
-      b = blocks.find(stream, rounded, kind);
-    }
-    if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
-    if (b == nullptr) {
-      hit = false;
-      collect_garbage();
-      b = obtain(stream, rounded, kind);
-    }
-    // A refusal that is not for want of memory ends the ladder: releasing cache cannot help.
-    if (b == nullptr && device_error == Status::kOk && release_oversize(rounded)) b = obtain(stream, rounded, kind);
-    if (b == nullptr && device_error == Status::kOk) {
-      if (attempt != Try::kAgain) ++stats.num_alloc_retries;
-      release_idle();
-      b = blocks.find(stream, rounded, kind);
-      if (b == nullptr) b = obtain(stream, rounded, kind);
-    }
-  }
-  if (b == nullptr && device_error != Status::kOk) {
-    notify(EventKind::kOom, stream, 0, bytes, rounded, device_error, async);
-    return device_error;
-  }
-  if (b == nullptr) return attempt == Try::kFirst ? Status::kOutOfMemory : out_of_memory(bytes, stream, async);
-  take(b, bytes, rounded);
-  if (hit) ++stats.num_cache_hits; else ++stats.num_cache_misses;
-  *out = b->ptr;
-  notify(EventKind::kAlloc, stream, b->ptr, bytes, b->size, Status::kOk, async, hit);
-  return Status::kOk;
-}
-
-// Under the lock, the statistics merged.
-Status Impl::out_of_memory(std::size_t bytes, StreamHandle stream, bool async) {
-  const std::size_t rounded = bytes > kMaxRoundable ? 0 : sizes.round(bytes);  // 0: cannot be rounded
-  ++stats.num_ooms;
-  last_oom = make_oom_report(bytes, rounded, stream);
-  notify(EventKind::kOom, stream, 0, bytes, rounded, Status::kOutOfMemory, async);
-  return Status::kOutOfMemory;
-}
-
-// `b` was taken out of the live map by the caller.
-void Impl::free(Block* b, FreeOrder order, StreamHandle stream, bool async) {
-  ++stats.num_locked_frees;
-  merge_deltas();
-  const DevicePtr ptr = b->ptr;
-  account_free(stats, b, sizes.is_oversize(b->size));
-  count_allocated(-static_cast<std::int64_t>(b->size));
-  const std::size_t requested = b->requested;
-  const std::size_t size = b->size;
-  b->state = BlockState::kPending;
-
-  switch (order) {
-    case FreeOrder::kCompleted:
-      release_block(b);
-      break;
-    case FreeOrder::kDevice:
-      fences.defer_to_epoch(b);
-      break;
-    case FreeOrder::kStream: {
-      // Work on the block's own stream is ordered before its next use there; work on the
-      // freeing stream and on recorded extra streams is not.
-      std::vector<StreamHandle> uses = std::move(b->stream_uses);
-      b->stream_uses.clear();
-      if (stream != b->stream && std::find(uses.begin(), uses.end(), stream) == uses.end()) {
-        uses.push_back(stream);
-      }
-      if (uses.empty()) {
-        release_block(b);
-      } else {
-        for (StreamHandle s : uses) fences.add(backend.record_fence(s), b);
-      }
-      break;
-    }
-  }
-  notify(EventKind::kFree, stream, ptr, requested, size, Status::kOk, async);
-}
 
 namespace {
 // Page stitching is a way of running expandable segments: it asks for them. A device without
@@ -245,7 +66,7 @@ Status DeviceAllocator::record_stream(DevicePtr ptr, StreamHandle stream) {
 }
 
 void DeviceAllocator::set_observer(AllocatorObserver* observer) {
-  impl_->observer.store(observer, std::memory_order_release);
+  impl_->events.attach(observer);
 }
 
 std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
@@ -281,14 +102,14 @@ std::size_t DeviceAllocator::release_cached(std::size_t keep) {
 
 void DeviceAllocator::synchronize_pending() {
   std::lock_guard lock(impl_->mutex);
-  impl_->drain_all(false);
+  impl_->drain_all(Impl::Drain::kPending);
   impl_->wait_pending();
 }
 
 void DeviceAllocator::forget_all() {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  m.merge_deltas();  // the cumulative counts the thread caches have not folded in yet
+  m.stats.merge(m.caches);  // the cumulative counts the thread caches have not folded in yet
   m.take_back_refused();  // went with the context too: forgotten (and reported) with the rest
   for (auto& cache : m.caches) {
     std::lock_guard cache_lock(cache->lock);
@@ -305,35 +126,23 @@ void DeviceAllocator::forget_all() {
   m.live.clear();
   m.blocks.clear();
   m.expandable.clear();
-  m.budget->release(m.segments.bytes());  // the context took its memory with it
+  m.memory_limit.unclaim(m.segments.bytes());  // the context took its memory with it
   m.segments.clear();
-  m.reserved_now.store(0);
-  m.allocated_now.store(0);
-  MemoryStats fresh;
-  fresh.num_alloc_retries = m.stats.num_alloc_retries;
-  fresh.num_ooms = m.stats.num_ooms;
-  fresh.num_pending_waits = m.stats.num_pending_waits;
-  fresh.num_device_alloc = m.stats.num_device_alloc;
-  fresh.num_device_free = m.stats.num_device_free;
-  fresh.num_cache_hits = m.stats.num_cache_hits;
-  fresh.num_cache_misses = m.stats.num_cache_misses;
-  fresh.num_locked_allocs = m.stats.num_locked_allocs;
-  fresh.num_locked_frees = m.stats.num_locked_frees;
-  fresh.num_bridged_allocs = m.stats.num_bridged_allocs;
-  m.stats = fresh;
+  m.events.forget();
+  m.stats.forget_memory();
 }
 
 MemoryStats DeviceAllocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  m.merge_deltas();
-  return m.stats;
+  m.stats.merge(m.caches);
+  return m.stats.totals;
 }
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(impl_->mutex);
-  impl_->merge_deltas();
-  impl_->stats.reset_peaks();
+  impl_->stats.merge(impl_->caches);
+  impl_->stats.totals.reset_peaks();
 }
 
 std::string DeviceAllocator::summary() const {
@@ -345,40 +154,38 @@ std::string DeviceAllocator::summary() const {
 
 std::optional<OomReport> DeviceAllocator::last_oom() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->last_oom;
+  return impl_->oom.last();
 }
 
 std::size_t DeviceAllocator::cached_bytes() const {
   std::lock_guard lock(impl_->mutex);
-  impl_->merge_deltas();
-  return impl_->reserved() - impl_->allocated();
+  impl_->stats.merge(impl_->caches);
+  return impl_->reserved() - impl_->stats.allocated();
 }
 
 std::size_t DeviceAllocator::memory_limit() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->limit();
+  return impl_->memory_limit.in_force();
 }
 
 std::size_t DeviceAllocator::budget_held() const {
   std::lock_guard lock(impl_->mutex);  // the budget's pointer, not its count, needs it
-  return impl_->budget->held();
+  return impl_->memory_limit.held();
 }
 
 void DeviceAllocator::share_budget(std::shared_ptr<DeviceBudget> budget) {
   std::lock_guard lock(impl_->mutex);
-  if (budget == nullptr || budget == impl_->budget) return;
-  budget->add(impl_->budget->held());  // what it holds already moves with it
-  impl_->budget = std::move(budget);
+  impl_->memory_limit.share(std::move(budget));
 }
 
 void DeviceAllocator::set_reclaimer(std::function<bool()> reclaim) {
   std::lock_guard lock(impl_->mutex);
-  impl_->reclaimer = std::move(reclaim);
+  impl_->oom.set_reclaimer(std::move(reclaim));
 }
 
 void DeviceAllocator::set_memory_limit(std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  impl_->limit_override = bytes;
+  impl_->memory_limit.set_override(bytes);
 }
 
 }  // namespace cudalloc

@@ -1,30 +1,39 @@
-// The state behind a DeviceAllocator, shared by the files that implement it: the public API
-// and the allocate/free ladder (device_allocator.cpp), the thread-cache hot paths
-// (thread_cache_paths.cpp), getting and giving back plain segments (device_segments.cpp) and
-// the reclaim steps of the out-of-memory ladder (reclaim.cpp). Free blocks and coalescing
-// live in FreeBlocks, virtual-memory growth in ExpandableSegments. Only what the hot path
-// calls is defined here, inline; everything but the hot path runs under `mutex`.
+// The state behind a DeviceAllocator and the ladder that composes its parts. Each part keeps
+// its own state behind a small interface: the limit and the device's budget (MemoryLimit),
+// the statistics (Statistics), the observer and its running totals (EventReporter), what a
+// failing request leaves behind (OutOfMemory), segments the device frees later
+// (ParkedSegments), free blocks and coalescing (FreeBlocks), virtual-memory growth
+// (ExpandableSegments), fences (FenceQueue, FenceClock), the thread caches (ThreadCache).
+// Impl's methods are the ladder and the plumbing between the parts, in four files: the
+// thread-cache hot paths (thread_cache_paths.cpp), the locked allocate/free ladder
+// (ladder.cpp), getting and giving back plain segments (device_segments.cpp) and the reclaim
+// steps of the out-of-memory ladder (reclaim.cpp); the public API is in device_allocator.cpp.
+// Only what the hot path calls is defined inline; everything but the hot path runs under
+// `mutex`.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include "allocator/device_allocator.h"
 #include "allocator/device_mutex.h"
+#include "allocator/event_reporter.h"
 #include "allocator/expandable_segments.h"
 #include "allocator/fence_clock.h"
 #include "allocator/free_blocks.h"
 #include "allocator/live_map.h"
+#include "allocator/memory_limit.h"
+#include "allocator/out_of_memory.h"
+#include "allocator/parked_segments.h"
 #include "allocator/region_filter.h"
 #include "allocator/segment_table.h"
 #include "allocator/size_classes.h"
 #include "allocator/spin_lock.h"
+#include "allocator/statistics.h"
 #include "allocator/stream_fence.h"
 #include "allocator/thread_cache.h"
 
@@ -38,18 +47,19 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   SizeClasses sizes;
   int device;
   const std::uint64_t id;
-  std::atomic<AllocatorObserver*> observer{nullptr};
-  // The fields above are read by every cached allocate and free; the lock and what it guards
-  // start on a line of their own, so that a thread on the locked path does not make every
-  // other thread's next read of `observer` a miss (a visible share of every cached allocate
-  // and free under many threads).
+  // Its observer pointer is read by every cached allocate and free, as are the fields above;
+  // its running totals start a line of their own.
+  EventReporter events{device};
+  // The lock and what it guards start on a line of their own, so that a thread on the locked
+  // path does not make every other thread's next read of the observer a miss (a visible share
+  // of every cached allocate and free under many threads).
   alignas(64) DeviceMutex mutex;
 
-  MemoryStats stats;
+  Statistics stats;
   std::uint64_t tick = 0;
-  FreeBlocks blocks{sizes, stats, tick};
+  FreeBlocks blocks{sizes, stats.totals, tick};
   SegmentTable segments;
-  ExpandableSegments expandable{backend, segments, blocks, stats, *this,
+  ExpandableSegments expandable{backend, segments, blocks, stats.totals, *this,
                                 options.page_stitching ? PageStitching::kOn : PageStitching::kOff,
                                 options.stitch_page_bytes};
   FenceQueue fences;
@@ -57,89 +67,12 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   LiveMap live;
   RegionFilter regions;  // where this allocator's memory may lie (note_device_alloc)
   std::vector<std::shared_ptr<ThreadCache>> caches;
-  // Allocated bytes for the observer's records, kept across threads only while an observer is
-  // attached (it costs a shared atomic per operation). Attach it before the first allocation.
-  std::atomic<std::int64_t> allocated_now{0};
-  std::atomic<std::size_t> reserved_now{0};
-  std::optional<OomReport> last_oom;
-  std::size_t limit_override = 0;
-  // The device's memory against the limit: this allocator's alone unless shared (share_budget).
-  std::shared_ptr<DeviceBudget> budget = std::make_shared<DeviceBudget>();
-  // Segments the backend frees later (kDeferred), still claimed in `budget` until it has.
-  std::atomic<std::size_t> freeing{0};
-  // The same segments by address, with what it takes to put one back in its pool should the
-  // device refuse its free later (`refused`, and `any_refused` set, until take_back_refused).
-  // Under `parked_lock`, which is taken last: the backend reports from any thread, maybe
-  // under `mutex`.
-  struct Parked {
-    std::size_t size = 0;
-    PoolKind kind = PoolKind::kSmall;
-    StreamHandle stream = 0;
-    bool refused = false;
-  };
-  SpinLock parked_lock;
-  std::map<DevicePtr, Parked> parked;
-  std::atomic<bool> any_refused{false};
-  std::function<bool()> reclaimer;  // set_reclaimer; empty: none
-
-  std::size_t limit() const {
-    if (limit_override != 0) return limit_override;
-    const std::size_t total = backend.total_memory();
-    std::size_t limit = total;
-    if (options.per_process_memory_fraction < 1.0) {
-      limit = static_cast<std::size_t>(static_cast<double>(total) * options.per_process_memory_fraction);
-    }
-    if (options.memory_limit_bytes != 0) limit = std::min(limit, options.memory_limit_bytes);
-    return limit;
-  }
+  MemoryLimit memory_limit{backend, options};
+  // Segments the backend frees later (kDeferred), still claimed in the budget until it has.
+  ParkedSegments parked;
+  OutOfMemory oom;
 
   std::size_t reserved() const { return segments.bytes(); }
-  // Under the lock, after merge_deltas().
-  std::size_t allocated() const { return static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current); }
-
-  void count_allocated(std::int64_t delta) {
-    if (observer.load(std::memory_order_relaxed) != nullptr) {
-      allocated_now.fetch_add(delta, std::memory_order_relaxed);
-    }
-  }
-
-  void notify(EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
-              std::size_t rounded, Status result = Status::kOk, bool async = false,
-              bool hit = false, bool local = false) {
-    AllocatorObserver* o = observer.load(std::memory_order_acquire);
-    if (o == nullptr) return;
-    report(*o, kind, stream, ptr, requested, rounded, result, async, hit, local,
-           static_cast<std::size_t>(allocated_now.load(std::memory_order_relaxed)));
-  }
-
-  // notify() for a block a thread cache hands out or takes back (`delta`: +size or -size):
-  // the record carries the allocated bytes the count's own update returned, with no second
-  // look at the shared count.
-  void notify_cached(AllocatorObserver& o, EventKind kind, const Block* b, std::size_t requested, StreamHandle stream,
-                     bool async, bool local, std::int64_t delta) {
-    const std::int64_t after = allocated_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-    report(o, kind, stream, b->ptr, requested, b->size, Status::kOk, async, kind == EventKind::kAlloc, local,
-           static_cast<std::size_t>(after));
-  }
-
-  // The record itself, for notify() and notify_cached().
-  void report(AllocatorObserver& o, EventKind kind, StreamHandle stream, DevicePtr ptr, std::size_t requested,
-              std::size_t rounded, Status result, bool async, bool hit, bool local, std::size_t allocated_after) {
-    AllocatorEvent e;
-    e.kind = kind;
-    e.async = async;
-    e.cache_hit = hit;
-    e.local = local;
-    e.result = result;
-    e.device = device;
-    e.stream = stream;
-    e.ptr = ptr;
-    e.requested = requested;
-    e.rounded = rounded;
-    e.allocated_after = allocated_after;
-    e.reserved_after = reserved_now.load(std::memory_order_relaxed);
-    o.on_event(e);
-  }
 
   // --- thread caches (thread_cache_paths.cpp)
   ThreadCache& local_cache();
@@ -162,37 +95,47 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
     }
     return nullptr;
   }
-  void merge_deltas();
-  void drain(ThreadCache& cache, bool bins);
+  // How much of a thread cache a drain takes: what is pending (its deferred frees, its spill,
+  // its batches but the two newest), or, when memory is short, its bins and every batch too.
+  enum class Drain : bool { kPending, kWithBins };
+  void drain(ThreadCache& cache, Drain what);
   // What refill() did: moved blocks into the bin; found no batch, or the oldest not past its
   // fence; or could not tell without waiting for another thread (FenceClock::try_passed).
   enum class Refill { kDone, kNone, kBusy };
-  Refill refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, bool may_bridge);
+  // What refill() does when another thread is recording the fence it needs: wait for it, or
+  // answer kBusy so that the caller bridges.
+  enum class BusyFence : bool { kWait, kBridge };
+  Refill refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, BusyFence busy);
   // The slow ends of DeviceAllocator::allocate and ::free (thread_cache_paths.cpp), out of
   // line so that the hot paths save no registers: a miss of the hot path; a hit whose block
   // enters the live table's hashed part; a hit, or a cached free, reported to the observer; the
   // locked path; a free the hot path does not take; a reusable block its bin has no room for; a full batch.
-  Status allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async);
+  Status allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call);
   Status hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream, DevicePtr* out,
-                        bool async);
-  Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async);
-  void observed_free(const Block* b, StreamHandle stream, bool async, bool local = true);
-  // `bridge`: a small miss whose thread keeps its cache (no drain_own), see allocate_missed.
-  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, bool bridge = false);
-  Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async, ThreadCache* own);
+                        CallKind call);
+  Status observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, CallKind call);
+  // `call` last: the hot free passes it on in the register it came in.
+  void observed_free(const Block* b, StreamHandle stream, Locality locality, CallKind call);
+  // A small miss whose thread keeps its cache (no drain_own) rather than wait for another
+  // thread's fence: see allocate_missed.
+  enum class Bridge : bool { kNo, kYes };
+  Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call,
+                         Bridge bridge = Bridge::kNo);
+  Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, CallKind call, ThreadCache* own);
   Status bin_full(Block* b);
-  Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, bool async, bool local);
-  // Closes the thread's deferred frees as a batch once due, or with `now` whenever there are any.
-  Status close_batch(ThreadCache& cache, bool now = false);
+  Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, CallKind call, Locality locality);
+  // Closes the thread's deferred frees as a batch once one is due, or now if there are any.
+  enum class CloseWhen : bool { kDue, kNow };
+  Status close_batch(ThreadCache& cache, CloseWhen when = CloseWhen::kDue);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
   ThreadCache* find_local_cache();
   // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
   void drain_own();
   // Only its large bins (a large miss: small blocks cannot serve it).
   void drain_own_large();
-  void drain_all(bool bins);
+  void drain_all(Drain what);
 
-  // --- blocks changing hands (device_allocator.cpp)
+  // --- the locked ladder: blocks changing hands (ladder.cpp)
   void release_block(Block* b);
   std::size_t collect_ready();
   std::size_t wait_pending();
@@ -203,11 +146,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // reclaims and tries again); or that second one, which counts the request's lock and retry
   // no more (the first did: the statistics count requests, not runs of the ladder).
   enum class Try { kOnly, kFirst, kAgain };
-  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async, Try attempt = Try::kOnly,
-                  bool bridge = false);
+  Status allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call, Try attempt = Try::kOnly,
+                  Bridge bridge = Bridge::kNo);
   // Counts and reports a request that failed for want of memory.
-  Status out_of_memory(std::size_t bytes, StreamHandle stream, bool async);
-  void free(Block* b, FreeOrder order, StreamHandle stream, bool async);
+  Status out_of_memory(std::size_t bytes, StreamHandle stream, CallKind call);
+  void free(Block* b, FreeOrder order, StreamHandle stream, CallKind call);
 
   // --- device memory (device_segments.cpp)
   Block* new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind);
@@ -216,7 +159,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // Gives an idle plain segment back to the device; false, keeping it, if the device refused.
   bool free_segment(Segment* s);
   // The backend freed (or the device refused) a segment it had deferred (backend.h); takes
-  // only `parked_lock`.
+  // only the parking lock.
   void deferred_done(DevicePtr ptr, std::size_t bytes, bool freed);
   // Segments whose deferred free the device refused become idle segments of their pools again.
   void take_back_refused();
@@ -224,21 +167,16 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   // (forget_all), the totals falling to zero; no device call.
   void report_forgotten();
   Block* obtain(StreamHandle stream, std::size_t rounded, PoolKind kind);
-  std::size_t device_limit() const override { return limit(); }
-  bool claim(std::size_t bytes) override;
-  void unclaim(std::size_t bytes) override;
+  std::size_t device_limit() const override { return memory_limit.in_force(); }
+  bool claim(std::size_t bytes) override { return memory_limit.claim(bytes); }
+  void unclaim(std::size_t bytes) override { memory_limit.unclaim(bytes); }
   void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
-  void note_device_error(Status error) override;
+  void note_device_error(Status error) override { oom.note_device_error(error); }
   void note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
   void note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) override;
-  // Set when the device refused memory with an error other than out of memory (a capture that
-  // forbids the call, a broken context): releasing cache and retrying cannot help, and the
-  // program gets that error, not an out-of-memory report. Reset by each locked allocation.
-  Status device_error = Status::kOk;
 
   // --- reclaim steps of the out-of-memory ladder (reclaim.cpp)
-  bool room_for(std::size_t bytes) const;
   void collect_garbage();
   void give_back_idle(std::size_t target);
   bool release_oversize(std::size_t rounded);

@@ -9,42 +9,34 @@ namespace cudalloc {
 
 using Impl = DeviceAllocator::Impl;
 
-bool Impl::claim(std::size_t bytes) { return budget->claim(bytes, limit()); }
-
-void Impl::unclaim(std::size_t bytes) { budget->release(bytes); }
-
 void Impl::note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
-  ++stats.num_device_alloc;
-  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
-}
-
-void Impl::note_device_error(Status error) {
-  if (error == Status::kBackendError || error == Status::kDeinitialized) device_error = error;
+  events.set_reserved(segments.bytes());
+  ++stats.totals.num_device_alloc;
+  add_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
 void Impl::note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
-  ++stats.num_device_free;
-  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+  events.set_reserved(segments.bytes());
+  ++stats.totals.num_device_free;
+  sub_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
 // Moved pages keep the memory held the same: the segment events tell observers that the
 // addresses changed, the device calls are not counted (the growth that moved them is).
 void Impl::note_pages_out(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
-  sub_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentFree, stream, ptr, bytes, bytes);
+  events.set_reserved(segments.bytes());
+  sub_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  events.notify_segment(EventKind::kSegmentFree, stream, ptr, bytes);
 }
 
 void Impl::note_pages_in(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) {
   regions.add(ptr, bytes);
-  reserved_now.store(segments.bytes(), std::memory_order_relaxed);
-  add_stat(stats.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  notify(EventKind::kSegmentAlloc, stream, ptr, bytes, bytes);
+  events.set_reserved(segments.bytes());
+  add_stat(stats.totals.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  events.notify_segment(EventKind::kSegmentAlloc, stream, ptr, bytes);
 }
 
 Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind) {
@@ -61,8 +53,8 @@ Block* Impl::new_segment(StreamHandle stream, std::size_t rounded, PoolKind kind
 
 Segment* Impl::add_segment(DevicePtr base, std::size_t size, PoolKind kind, StreamHandle stream) {
   Segment* s = segments.add(base, size, kind, stream);
-  add_stat(stats.segment, kind, 1);
-  if (sizes.is_oversize(size)) ++stats.oversize_segments;
+  add_stat(stats.totals.segment, kind, 1);
+  if (sizes.is_oversize(size)) ++stats.totals.oversize_segments;
   note_device_alloc(kind, stream, base, size);
   return s;
 }
@@ -74,8 +66,8 @@ bool Impl::free_segment(Segment* s) {
   const StreamHandle stream = s->stream;
   blocks.erase(s->first);
   segments.remove(s);
-  sub_stat(stats.segment, kind, 1);
-  if (sizes.is_oversize(size)) --stats.oversize_segments;
+  sub_stat(stats.totals.segment, kind, 1);
+  if (sizes.is_oversize(size)) --stats.totals.oversize_segments;
   // Observers hear of it while the memory still exists (a sanitizer's heap is unregistered
   // before the driver takes the memory back).
   note_device_free(kind, stream, base, size);
@@ -83,18 +75,10 @@ bool Impl::free_segment(Segment* s) {
   // back before, another context of the device could claim it while the device still held
   // both, and for good if the device refused. A deferred free gives it back in deferred_done
   // (counted and parked first: that may run on another thread before free_segment returns).
-  freeing.fetch_add(size, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(parked_lock);
-    parked[base] = Parked{size, kind, stream};
-  }
+  parked.park(base, {size, kind, stream});
   const Status st = backend.free_segment(base, size);
   if (st == Status::kDeferred) return true;
-  {
-    std::lock_guard lock(parked_lock);
-    parked.erase(base);
-  }
-  freeing.fetch_sub(size, std::memory_order_relaxed);
+  parked.unpark(base, size);
   if (st == Status::kOk) {
     unclaim(size);
     return true;
@@ -102,52 +86,24 @@ bool Impl::free_segment(Segment* s) {
   // The device still holds the memory, still claimed: it comes back as an idle segment of the
   // pool (observers hear of it again), else it would be held and counted by nobody.
   Segment* again = add_segment(base, size, kind, stream);
-  --stats.num_device_alloc;  // neither call reached the device
-  --stats.num_device_free;
+  --stats.totals.num_device_alloc;  // neither call reached the device
+  --stats.totals.num_device_free;
   blocks.insert(again->first);
   return false;
 }
 
 void Impl::deferred_done(DevicePtr ptr, std::size_t bytes, bool freed) {
-  {
-    std::lock_guard lock(parked_lock);
-    const auto it = parked.find(ptr);
-    if (!freed && it != parked.end()) {
-      // Still the device's, and still claimed: the next locked step takes it back (this may
-      // run under `mutex`, or on a thread that must not wait for it).
-      it->second.refused = true;
-      any_refused.store(true, std::memory_order_release);
-      return;
-    }
-    if (it != parked.end()) parked.erase(it);
-  }
-  if (!freed) return;  // not one of ours: nothing to give back
-  freeing.fetch_sub(bytes, std::memory_order_relaxed);
-  unclaim(bytes);
+  if (parked.deferred_done(ptr, bytes, freed)) unclaim(bytes);
 }
 
 // As after a refused plain free (free_segment): an idle segment of its pool again, its room
 // still claimed, given back at the next release. Under the lock.
 void Impl::take_back_refused() {
-  if (!any_refused.load(std::memory_order_acquire)) return;
-  std::vector<std::pair<DevicePtr, Parked>> back;
-  {
-    std::lock_guard lock(parked_lock);
-    any_refused.store(false, std::memory_order_relaxed);
-    for (auto it = parked.begin(); it != parked.end();) {
-      if (it->second.refused) {
-        back.emplace_back(*it);
-        it = parked.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (const auto& [base, p] : back) {
-    freeing.fetch_sub(p.size, std::memory_order_relaxed);
+  if (!parked.any_refused()) return;
+  for (const auto& [base, p] : parked.take_refused()) {
     Segment* s = add_segment(base, p.size, p.kind, p.stream);
-    --stats.num_device_alloc;  // the memory never left: no new device allocation
-    --stats.num_device_free;   // and the free counted in free_segment did not happen
+    --stats.totals.num_device_alloc;  // the memory never left: no new device allocation
+    --stats.totals.num_device_free;   // and the free counted in free_segment did not happen
     blocks.insert(s->first);
   }
 }
@@ -158,18 +114,19 @@ void Impl::take_back_refused() {
 // free (as the program's own would read), before the end of the segment it lies in; then each
 // segment, or each mapped chunk of an expandable one (as it was reported), a segment free.
 void Impl::report_forgotten() {
-  if (observer.load(std::memory_order_acquire) == nullptr) return;
+  if (events.observer() == nullptr) return;
   std::size_t reserved = segments.bytes();
   segments.for_each([&](Segment* s) {
     for (Block* b = s->first; b != nullptr; b = b->next) {
       if (b->state != BlockState::kAllocated) continue;
-      count_allocated(-static_cast<std::int64_t>(b->size));
-      notify(EventKind::kFree, b->stream, b->ptr, b->requested, b->size);
+      events.count_allocated(-static_cast<std::int64_t>(b->size));
+      events.notify({.kind = EventKind::kFree, .stream = b->stream, .ptr = b->ptr, .requested = b->requested,
+                     .rounded = b->size});
     }
     const auto gone = [&](DevicePtr ptr, std::size_t bytes) {
       reserved -= bytes;
-      reserved_now.store(reserved, std::memory_order_relaxed);
-      notify(EventKind::kSegmentFree, s->stream, ptr, bytes, bytes);
+      events.set_reserved(reserved);
+      events.notify_segment(EventKind::kSegmentFree, s->stream, ptr, bytes);
     };
     if (!s->expandable) {
       gone(s->base, s->size);

@@ -38,7 +38,7 @@ class SegmentLedger {
   // on `stream`; the segment table already counts the change. The claim is the caller's.
   virtual void note_device_alloc(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
   virtual void note_device_free(PoolKind kind, StreamHandle stream, DevicePtr ptr, std::size_t bytes) = 0;
-  // The device refused memory with `error`, not for want of it (see Impl::device_error).
+  // The device refused memory with `error`, not for want of it (see out_of_memory.h).
   virtual void note_device_error(Status error) = 0;
   // Physical pages moved (page stitching): `bytes` at `ptr` of a segment of `kind` on `stream`
   // left, or arrived. The memory held from the device does not change.

@@ -26,26 +26,15 @@ std::vector<Segment*> idle_segments(const SegmentTable& segments, Pred&& pred) {
 
 }  // namespace
 
-// Whether `bytes` more can be reserved without passing the limit or the collection threshold
-// (both the device's, whichever allocator of it holds the memory).
-bool Impl::room_for(std::size_t bytes) const {
-  std::size_t cap = limit();
-  if (options.garbage_collection_threshold > 0.0) {
-    cap = static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(cap));
-  }
-  const std::size_t held = budget->held();
-  return bytes <= cap && held <= cap - bytes;
-}
-
 // Garbage collection: above the threshold, give back the longest-idle segments first.
 void Impl::collect_garbage() {
   if (options.garbage_collection_threshold <= 0.0) return;
   const auto target =
-      static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(limit()));
-  const std::size_t held = budget->held();
+      static_cast<std::size_t>(options.garbage_collection_threshold * static_cast<double>(memory_limit.in_force()));
+  const std::size_t held = memory_limit.held();
   if (held <= target) return;
   // Small blocks parked in thread caches keep their segments busy: hand them back first.
-  drain_all(true);
+  drain_all(Drain::kWithBins);
   // Only this allocator's memory can go: what the device holds above the target comes off it.
   const std::size_t mine = reserved();
   give_back_idle(held - target >= mine ? 0 : mine - (held - target));
@@ -105,11 +94,11 @@ Block* Impl::adopt_idle_segment(StreamHandle stream, std::size_t rounded, PoolKi
 std::size_t Impl::release_idle(std::size_t keep) {
   take_back_refused();  // their free is tried again with the rest
   const std::size_t before = reserved();
-  drain_all(true);
+  drain_all(Drain::kWithBins);
   wait_pending();
   give_back_idle(keep);
   const std::size_t released = before - reserved();
-  notify(EventKind::kCacheRelease, 0, 0, released, released);
+  events.notify({.kind = EventKind::kCacheRelease, .requested = released, .rounded = released});
   return released;
 }
 
@@ -119,12 +108,12 @@ OomReport Impl::make_oom_report(std::size_t requested, std::size_t rounded, Stre
   r.stream = stream;
   r.requested = requested;
   r.rounded = rounded;
-  r.limit = limit();
+  r.limit = memory_limit.in_force();
   r.device_total = backend.total_memory();
-  r.allocated = allocated();
+  r.allocated = stats.allocated();
   r.reserved = reserved();
-  r.freeing = freeing.load(std::memory_order_relaxed);
-  const std::size_t held = budget->held();
+  r.freeing = parked.freeing();
+  const std::size_t held = memory_limit.held();
   r.held_elsewhere = held > r.reserved + r.freeing ? held - r.reserved - r.freeing : 0;
   r.largest_free_block = blocks.largest();
   r.pending_free = fences.pending_bytes();

@@ -107,7 +107,7 @@ CUDALLOC_HOT ThreadCache& Impl::local_cache() {
 
 void Impl::retire(const std::shared_ptr<ThreadCache>& cache) {
   std::lock_guard lock(mutex);
-  drain(*cache, true);
+  drain(*cache, Drain::kWithBins);
   {
     std::lock_guard cache_lock(cache->lock);
     cache->live.for_each([this](DevicePtr p, Block* b) { live.insert(p, b); });
@@ -140,22 +140,13 @@ Block* Impl::find_live_locked(DevicePtr ptr) {
   return in_thread_tables([ptr](LiveTable& t) { return t.get(ptr); });
 }
 
-// Folds every thread's hot-path statistics into `stats`. Done before the locked path changes
-// them, so that a peak is never taken over totals that miss another thread's frees.
-void Impl::merge_deltas() {
-  for (auto& cache : caches) {
-    if (!cache->changed()) continue;
-    std::lock_guard lock(cache->lock);
-    cache->fold_into(stats);
-  }
-}
-
-// Takes a cache's statistics, its deferred frees, its spilled blocks and, with `bins` (memory
-// is short), its cached blocks and fenced batches. Without it, a thread keeps its two newest
-// batches to refill its bins.
-void Impl::drain(ThreadCache& cache, bool bins) {
+// Takes a cache's statistics, its deferred frees, its spilled blocks and, kWithBins (memory is
+// short), its cached blocks and fenced batches. Otherwise a thread keeps its two newest batches
+// to refill its bins.
+void Impl::drain(ThreadCache& cache, Drain what) {
+  const bool bins = what == Drain::kWithBins;
   std::lock_guard lock(cache.lock);
-  cache.fold_into(stats);
+  stats.fold(cache);
   for (Block* b : cache.deferred()) {
     cache.left_batches(b);
     fences.defer_to_epoch(b);
@@ -191,14 +182,14 @@ void Impl::drain(ThreadCache& cache, bool bins) {
 // after it is done, until the bin that missed (stream, rounded) is full: the rest of the batch
 // waits for the next refill, which needs no fence query and visits only what it moves. Blocks
 // with no room in their bins are spilled to the allocator. Called by the owner with the cache
-// locked, when its bins miss. With `may_bridge`, a fence that another thread is recording is
-// not waited for (kBusy: the caller bridges instead).
-CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, bool may_bridge) {
+// locked, when its bins miss. With BusyFence::kBridge, a fence that another thread is recording
+// is not waited for (kBusy: the caller bridges instead).
+CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, std::size_t rounded, BusyFence busy) {
   auto& batches = cache.batches();
   if (batches.empty()) return Refill::kNone;
   ThreadCache::Batch& batch = batches.front();
   if (!batch.passed) {
-    if (!may_bridge) {
+    if (busy == BusyFence::kWait) {
       if (!batch_fences.passed(batch.ticket, backend)) return Refill::kNone;
     } else {
       const FenceClock::Answer answer = batch_fences.try_passed(batch.ticket, backend);
@@ -226,12 +217,12 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   return Refill::kDone;
 }
 
-void Impl::drain_all(bool bins) {
-  for (auto& cache : caches) drain(*cache, bins);
+void Impl::drain_all(Drain what) {
+  for (auto& cache : caches) drain(*cache, what);
 }
 
 void Impl::drain_own() {
-  if (ThreadCache* own = find_local_cache()) drain(*own, true);
+  if (ThreadCache* own = find_local_cache()) drain(*own, Drain::kWithBins);
 }
 
 void Impl::drain_own_large() {
@@ -274,15 +265,15 @@ CUDALLOC_INLINE void count_deferred(Impl& m, ThreadCache& cache, Block* b) {
 
 }  // namespace
 
-CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
+CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call) {
   if (!options.thread_cache || bytes == 0 || bytes > ThreadCache::kLargeBytes || t_caches_gone) {
-    return allocate_locked(bytes, stream, out, async);
+    return allocate_locked(bytes, stream, out, call);
   }
   const std::size_t rounded = sizes.round(bytes);
   ThreadCache& cache = local_cache();
   Block* b = nullptr;
   bool spilled = false;
-  bool bridge = false;
+  Bridge bridge = Bridge::kNo;
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
@@ -293,13 +284,15 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
     // thread needs the batch it has just closed. (Draining the cache on such a miss, as a plain
     // small miss does, restarted its pipeline from the pools.)
     if (b == nullptr && rounded <= kSmallSize) {
-      const Refill r = refill(cache, stream, rounded, cache.may_bridge(rounded));
+      const Refill r =
+          refill(cache, stream, rounded, cache.may_bridge(rounded) ? BusyFence::kBridge : BusyFence::kWait);
       if (r == Refill::kDone) b = cache.pop(stream, rounded);
       if (r == Refill::kBusy) {
-        bridge = true;
+        bridge = Bridge::kYes;
         cache.note_bridge(rounded);
       }
-    } else if (b == nullptr && cache.holds_large_pending() && refill(cache, stream, rounded, false) == Refill::kDone) {
+    } else if (b == nullptr && cache.holds_large_pending() &&
+               refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) {
       // cudaFree'd large blocks (free_large_deferred) come back the same way. A fence that
       // another thread is recording is waited for (no bridge): what a large miss takes from the
       // pools is mostly new memory.
@@ -313,55 +306,60 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   }
   if (spilled) {
     std::lock_guard lock(mutex);
-    drain(cache, false);
+    drain(cache, Drain::kPending);
   }
   if (b != nullptr) {
     *out = b->ptr;
-    return observed_hit(b, bytes, stream, async);
+    return observed_hit(b, bytes, stream, call);
   }
-  return allocate_locked(bytes, stream, out, async, bridge);
+  return allocate_locked(bytes, stream, out, call, bridge);
 }
 
 CUDALLOC_NOINLINE Status Impl::hit_into_table(ThreadCache& cache, Block* b, std::size_t bytes, StreamHandle stream,
-                                              DevicePtr* out, bool async) {
+                                              DevicePtr* out, CallKind call) {
   cache.live.insert(b->ptr, b);
   cache.lock.unlock();
   *out = b->ptr;
-  return observed_hit(b, bytes, stream, async);
+  return observed_hit(b, bytes, stream, call);
 }
 
-CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, bool async) {
-  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
-    notify_cached(*o, EventKind::kAlloc, b, bytes, stream, async, /*local=*/true,
-                  static_cast<std::int64_t>(b->size));
+CUDALLOC_NOINLINE Status Impl::observed_hit(const Block* b, std::size_t bytes, StreamHandle stream, CallKind call) {
+  if (AllocatorObserver* o = events.observer()) {
+    events.notify_cached(*o,
+                         {.kind = EventKind::kAlloc, .stream = stream, .ptr = b->ptr, .requested = bytes,
+                          .rounded = b->size, .call = call, .hit = CacheHit::kHit,
+                          .locality = Locality::kLocal},
+                         static_cast<std::int64_t>(b->size));
   }
   return Status::kOk;
 }
 
 // A free the cache takes, reported while the cache's lock is held (see free_block).
-CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, bool async, bool local) {
-  if (AllocatorObserver* o = observer.load(std::memory_order_acquire)) {
-    notify_cached(*o, EventKind::kFree, b, b->requested, stream, async, local, -static_cast<std::int64_t>(b->size));
+CUDALLOC_NOINLINE void Impl::observed_free(const Block* b, StreamHandle stream, Locality locality, CallKind call) {
+  if (AllocatorObserver* o = events.observer()) {
+    events.notify_cached(*o,
+                         {.kind = EventKind::kFree, .stream = stream, .ptr = b->ptr, .requested = b->requested,
+                          .rounded = b->size, .call = call, .locality = locality},
+                         -static_cast<std::int64_t>(b->size));
   }
 }
 
-CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async,
-                                              bool bridge) {
+CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call,
+                                              Bridge bridge) {
   {
     std::lock_guard lock(mutex);
-    // A request no device could hold gains nothing from other contexts' caches.
-    const bool reclaim = reclaimer && bytes <= kMaxRoundable;
-    const Status st = allocate(bytes, stream, out, async, reclaim ? Try::kFirst : Try::kOnly, bridge);
+    const bool reclaim = oom.may_reclaim(bytes);
+    const Status st = allocate(bytes, stream, out, call, reclaim ? Try::kFirst : Try::kOnly, bridge);
     if (st != Status::kOutOfMemory || !reclaim) return st;
   }
   // Out of memory, not yet reported: memory held elsewhere on the device, given back with no
   // lock of ours held (the other allocators may be reclaiming from this one meanwhile), buys
-  // one more try. set_reclaimer comes before the first allocation: `reclaimer` is read as is.
-  const bool more = reclaimer();
+  // one more try. set_reclaimer comes before the first allocation: the reclaimer is read as is.
+  const bool more = oom.reclaim();
   std::lock_guard lock(mutex);
-  if (more) return allocate(bytes, stream, out, async, Try::kAgain);
-  merge_deltas();
-  return out_of_memory(bytes, stream, async);
+  if (more) return allocate(bytes, stream, out, call, Try::kAgain);
+  stats.merge(caches);
+  return out_of_memory(bytes, stream, call);
 }
 
 // The hot path, an exact-size block from this thread's bins, makes no call but its last:
@@ -369,25 +367,26 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
 // thread caches' bound, an observer, a second live block) continues out of line.
 CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
+  const CallKind call = call_kind(async);
   const std::size_t rounded = m.sizes.round_plain(bytes);
   if (rounded - 1 < ThreadCache::kLargeBytes && bytes != 0 && m.options.thread_cache && t_last_id == m.id) [[likely]] {
     ThreadCache& cache = *t_last_cache;
     cache.lock.lock();
     if (Block* b = cache.pop(stream, rounded)) [[likely]] {
       count_hit(m, cache, b, bytes);
-      if (!cache.live.insert_newest(b->ptr, b)) [[unlikely]] return m.hit_into_table(cache, b, bytes, stream, out, async);
+      if (!cache.live.insert_newest(b->ptr, b)) [[unlikely]] return m.hit_into_table(cache, b, bytes, stream, out, call);
       cache.lock.unlock();
       *out = b->ptr;
-      if (m.observer.load(std::memory_order_relaxed) == nullptr) [[likely]] return Status::kOk;
-      return m.observed_hit(b, bytes, stream, async);
+      if (!m.events.observed()) [[likely]] return Status::kOk;
+      return m.observed_hit(b, bytes, stream, call);
     }
     cache.lock.unlock();
   }
-  return m.allocate_missed(bytes, stream, out, async);
+  return m.allocate_missed(bytes, stream, out, call);
 }
 
 // Every free but the hot path's: `own` is the calling thread's cache, or null to look it up.
-CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async,
+CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, CallKind call,
                                           ThreadCache* own) {
   // A pointer of the driver's own (its pools, graph memory) or of another device: no table to
   // search. Such frees pass through every allocator of the process in turn.
@@ -402,6 +401,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     if (b == nullptr) held.unlock();
   }
   const bool found_own = b != nullptr;
+  const Locality locality = found_own ? Locality::kLocal : Locality::kShared;
   if (b == nullptr) b = take_live_elsewhere(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
   // A block reusable at once goes to this thread's cache; a cudaFree'd small one waits there
@@ -415,7 +415,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   if (order == FreeOrder::kDevice && b->pool == PoolKind::kLarge && taken_here && options.thread_cache &&
       !t_caches_gone) {
     if (held.owns_lock()) held.unlock();
-    return free_large_deferred(b, *own, stream, async, found_own);
+    return free_large_deferred(b, *own, stream, call, locality);
   }
   if (options.thread_cache && cacheable && !t_caches_gone) {
     ThreadCache& cache = own != nullptr ? *own : local_cache();
@@ -423,7 +423,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // Reported before the block enters the cache, where another thread may drain it (under the
     // cache's lock, held here): an observer must not hear of this free after the block's next
     // life began.
-    if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, found_own);
+    if (events.observed()) observed_free(b, stream, locality, call);
     if (reusable) {
       const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
       held.unlock();
@@ -438,7 +438,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   }
   if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
   std::lock_guard lock(mutex);
-  free(b, order, stream, async);
+  free(b, order, stream, call);
   return Status::kOk;
 }
 
@@ -451,14 +451,14 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // --as-cudamalloc replays lost utilization with every such block in the batches. Contended,
 // each pair took the lock twice, and threads of large cudaMalloc pairs ran slower together than
 // one thread alone.
-CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, bool async,
-                                                   bool local) {
+CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, CallKind call,
+                                                   Locality locality) {
   if (cache.in_large_defer_run()) {
     cache.step_large_defer_run();
   } else {
     if (mutex.try_lock()) {
       std::lock_guard lock(mutex, std::adopt_lock);
-      free(b, FreeOrder::kDevice, stream, async);
+      free(b, FreeOrder::kDevice, stream, call);
       return Status::kOk;
     }
     cache.start_large_defer_run();
@@ -470,12 +470,12 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     // closes its batch while the bound holds.
     const bool fence_waiting = whole && cache.holds_large_deferred();
     held.unlock();
-    if (fence_waiting) (void)close_batch(cache, /*now=*/true);
+    if (fence_waiting) (void)close_batch(cache, CloseWhen::kNow);
     std::lock_guard lock(mutex);
-    free(b, FreeOrder::kDevice, stream, async);
+    free(b, FreeOrder::kDevice, stream, call);
     return Status::kOk;
   }
-  if (observer.load(std::memory_order_relaxed) != nullptr) observed_free(b, stream, async, local);
+  if (events.observed()) observed_free(b, stream, locality, call);
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
   const bool due = cache.batch_due(options.free_epoch_bytes);
@@ -486,7 +486,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
 // A block reusable at once whose bin had no room: the allocator takes it.
 CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
   std::lock_guard lock(mutex);
-  ++stats.num_locked_frees;
+  ++stats.totals.num_locked_frees;
   blocks.make_reusable(b);
   return Status::kOk;
 }
@@ -495,13 +495,13 @@ CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
 // fence shared by every batch closed so far (fence_clock.h), at once: a loop keeps about one
 // batch outstanding, needed when its bins next run dry, and a fence recorded only then is not
 // yet done. Too many outstanding batches go to the allocator instead.
-CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, bool now) {
+CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
   std::uint64_t ticket = 0;
   bool hand_over = false;
   {
     std::lock_guard lock(cache.lock);
     // Another thread's drain may have taken the deferred frees since they were counted.
-    if (now ? !cache.deferred().empty() : cache.batch_due(options.free_epoch_bytes)) {
+    if (when == CloseWhen::kNow ? !cache.deferred().empty() : cache.batch_due(options.free_epoch_bytes)) {
       ticket = batch_fences.stamp();
       cache.close_batch(ticket);
     }
@@ -510,8 +510,8 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, bool now) {
   if (ticket != 0) batch_fences.cover(ticket, backend);
   if (!hand_over) return Status::kOk;
   std::lock_guard lock(mutex);
-  ++stats.num_locked_frees;
-  drain(cache, false);
+  ++stats.totals.num_locked_frees;
+  drain(cache, Drain::kPending);
   return Status::kOk;
 }
 
@@ -523,7 +523,7 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, bool now) {
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
-    return m.free_block(ptr, order, stream, async, nullptr);
+    return m.free_block(ptr, order, stream, call_kind(async), nullptr);
   }
   ThreadCache& cache = *t_last_cache;
   cache.lock.lock();
@@ -533,13 +533,13 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
-        if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
+        if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
         const bool cached = park_reusable(m, cache, b, key);
         cache.lock.unlock();
         return cached ? Status::kOk : m.bin_full(b);
       }
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
-      if (m.observer.load(std::memory_order_relaxed) != nullptr) [[unlikely]] m.observed_free(b, stream, async);
+      if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
       count_deferred(m, cache, b);
       const bool due = cache.batch_due(m.options.free_epoch_bytes);
       cache.lock.unlock();
@@ -549,7 +549,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   // Not the hot path's: the block goes back to the newest slot, where free_block looks first.
   if (b != nullptr) cache.live.insert_newest(ptr, b);
   cache.lock.unlock();
-  return m.free_block(ptr, order, stream, async, &cache);
+  return m.free_block(ptr, order, stream, call_kind(async), &cache);
 }
 
 }  // namespace cudalloc

@@ -7,9 +7,9 @@
 
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
-#include "shim/log.h"
 #include "shim/observers.h"
 #include "shim/tracing.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 

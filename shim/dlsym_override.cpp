@@ -6,7 +6,7 @@
 
 #include "shim/cuda_api.h"
 #include "shim/hooks.h"
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 using namespace cudalloc::shim;
 

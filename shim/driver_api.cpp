@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "allocator/types.h"
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 namespace cudalloc::shim {
 

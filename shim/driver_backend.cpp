@@ -5,8 +5,8 @@
 
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
-#include "shim/log.h"
-#include "shim/profile.h"
+#include "support/log.h"
+#include "support/profile.h"
 
 namespace cudalloc::shim {
 

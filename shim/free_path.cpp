@@ -2,7 +2,7 @@
 
 #include "shim/current_context.h"
 #include "shim/driver_api.h"
-#include "shim/log.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 

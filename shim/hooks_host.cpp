@@ -7,8 +7,8 @@
 
 #include "shim/hooks.h"
 #include "shim/host_backend.h"
-#include "shim/log.h"
 #include "shim/runtime.h"
+#include "support/log.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;

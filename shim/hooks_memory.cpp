@@ -6,10 +6,10 @@
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/hooks_host.h"
-#include "shim/log.h"
-#include "shim/profile.h"
 #include "shim/runtime.h"
 #include "shim/tracing.h"
+#include "support/log.h"
+#include "support/profile.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;

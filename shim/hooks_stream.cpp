@@ -3,8 +3,8 @@
 #include "shim/free_path.h"
 #include "shim/helper_streams.h"
 #include "shim/hooks.h"
-#include "shim/log.h"
 #include "shim/runtime.h"
+#include "support/log.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;

@@ -19,7 +19,7 @@
 
 #include "config/config.h"
 #include "shim/cuda_api.h"
-#include "shim/log.h"
+#include "support/log.h"
 #include "trace/trace_writer.h"
 
 extern char** environ;

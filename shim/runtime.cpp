@@ -12,10 +12,10 @@
 #include <string>
 
 #include "shim/driver_api.h"
-#include "shim/log.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
 #include "shim/tracing.h"
+#include "support/log.h"
 
 extern char** environ;
 

@@ -7,9 +7,9 @@
 #include "config/config.h"
 #include "shim/capture.h"
 #include "shim/context_state.h"
-#include "shim/profile.h"
 #include "shim/single_stream.h"
 #include "shim/streams.h"
+#include "support/profile.h"
 
 namespace cudalloc::shim {
 

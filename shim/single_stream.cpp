@@ -5,8 +5,8 @@
 #include <cstdlib>
 
 #include "shim/context_state.h"
-#include "shim/log.h"
 #include "shim/streams.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 

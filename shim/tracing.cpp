@@ -8,10 +8,10 @@
 #include <unordered_map>
 
 #include "shim/driver_api.h"
-#include "shim/log.h"
 #include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
 #include "shim/streams.h"
+#include "support/log.h"
 #include "trace/trace_writer.h"
 
 namespace cudalloc::shim {

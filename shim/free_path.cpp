@@ -1,7 +1,7 @@
 #include "shim/free_path.h"
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
 #include "support/log.h"
 
 namespace cudalloc::shim {

@@ -4,7 +4,7 @@
 
 #include <type_traits>
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 // X(export name)
 #define CUDALLOC_HOOKS(X)             \

@@ -5,7 +5,7 @@
 #include <array>
 #include <mutex>
 
-#include "shim/current_context.h"
+#include "driver/current_context.h"
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"

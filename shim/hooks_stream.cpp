@@ -1,7 +1,7 @@
 // Stream and capture calls: the shim learns the process's streams (a device fence must
 // record on every non-blocking one) and which streams are being captured.
+#include "driver/helper_streams.h"
 #include "shim/free_path.h"
-#include "shim/helper_streams.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"
 #include "support/log.h"

@@ -18,7 +18,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "config/config.h"
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 #include "support/log.h"
 #include "trace/trace_writer.h"
 

@@ -11,7 +11,7 @@
 #include <new>
 #include <string>
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
 #include "shim/tracing.h"

@@ -5,10 +5,10 @@
 #include <atomic>
 
 #include "config/config.h"
-#include "shim/capture.h"
-#include "shim/context_state.h"
-#include "shim/single_stream.h"
-#include "shim/streams.h"
+#include "driver/capture.h"
+#include "driver/context_state.h"
+#include "driver/single_stream.h"
+#include "driver/streams.h"
 #include "support/profile.h"
 
 namespace cudalloc::shim {

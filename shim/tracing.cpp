@@ -7,10 +7,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
+#include "driver/streams.h"
 #include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
-#include "shim/streams.h"
 #include "support/log.h"
 #include "trace/trace_writer.h"
 

@@ -7,7 +7,7 @@
 
 #include "allocator/events.h"
 #include "config/config.h"
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 

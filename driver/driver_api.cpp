@@ -1,4 +1,4 @@
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 #include <dlfcn.h>
 

@@ -13,12 +13,12 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/host_cache.h"
-#include "shim/capture.h"
-#include "shim/cuda_api.h"
-#include "shim/driver_backend.h"
-#include "shim/host_backend.h"
-#include "shim/single_stream.h"
-#include "shim/streams.h"
+#include "driver/capture.h"
+#include "driver/cuda_api.h"
+#include "driver/driver_backend.h"
+#include "driver/host_backend.h"
+#include "driver/single_stream.h"
+#include "driver/streams.h"
 
 namespace cudalloc::shim {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "allocator/host_cache.h"
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 

@@ -1,11 +1,11 @@
-#include "shim/host_backend.h"
+#include "driver/host_backend.h"
 
 #include <utility>
 #include <vector>
 
-#include "shim/capture.h"
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
+#include "driver/capture.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
 #include "shim/runtime.h"
 
 namespace cudalloc::shim {

@@ -1,10 +1,10 @@
-#include "shim/driver_backend.h"
+#include "driver/driver_backend.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
 #include "support/log.h"
 #include "support/profile.h"
 

@@ -1,12 +1,12 @@
-#include "shim/context_state.h"
+#include "driver/context_state.h"
 
 #include <algorithm>
 
 #include "allocator/memory_stats.h"
 #include "allocator/size_classes.h"
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
 #include "shim/observers.h"
 #include "shim/tracing.h"
 #include "support/log.h"

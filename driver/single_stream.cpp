@@ -1,11 +1,11 @@
-#include "shim/single_stream.h"
+#include "driver/single_stream.h"
 
 #include <execinfo.h>
 
 #include <cstdlib>
 
-#include "shim/context_state.h"
-#include "shim/streams.h"
+#include "driver/context_state.h"
+#include "driver/streams.h"
 #include "support/log.h"
 
 namespace cudalloc::shim {

@@ -138,6 +138,10 @@ ContextRegistry::LimitSetting ContextRegistry::limit_setting(CUdevice dev) {
   return LimitSetting{options_.per_process_memory_fraction, options_.memory_limit_bytes};
 }
 
+void ContextRegistry::end_ordered_eras() {
+  for (ContextState* s : live()) s->backend.end_ordered_era();
+}
+
 bool ContextRegistry::is_live(const ContextState* s) const {
   const auto& v = live();
   return std::find(v.begin(), v.end(), s) != v.end();

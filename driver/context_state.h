@@ -78,7 +78,7 @@ struct ProcessState;
 // device's primary context's state, whose fences cover it (hooks_context.cpp).
 void adopt_green_context(ProcessState& ps, CUcontext green);
 
-class ContextRegistry {
+class ContextRegistry final : public OrderedEras {
  public:
   ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
       : options_(options), captures_(captures), single_stream_(single_stream),
@@ -128,6 +128,9 @@ class ContextRegistry {
   // whether any went.
   bool release_host_caches();
   const HostBudget& host_budget() const { return host_budget_; }
+
+  // single_stream's end: every live context records the end of its ordered era.
+  void end_ordered_eras() override;
 
   // A memory limit set through the C API (cudalloc_set_memory_fraction / _limit) for a device:
   // it replaces the configured fraction and cap for that device, in its live allocators and in

@@ -34,7 +34,7 @@ CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void
       if (lib != nullptr) {
         log_debug("stream %p is a helper stream of %s, ordered with its caller's stream", static_cast<void*>(*stream), lib);
       } else {
-        ps->single_stream.stream_seen(ps->contexts, *s, si, "a non-blocking stream was created");
+        ps->single_stream.stream_seen(ps->contexts, s->backend, si, "a non-blocking stream was created");
       }
     }
   }

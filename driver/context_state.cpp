@@ -14,12 +14,12 @@
 namespace cudalloc::shim {
 
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures,
-                           HostBudget& host_budget)
+                           HostBudget& host_budget, LiveDeviceFences& contexts)
     : ctx(c),
       device(dev),
       backend(c, dev, captures),
       allocator(backend, options, static_cast<int>(dev)),
-      host_backend(c),
+      host_backend(c, captures, contexts),
       host(host_backend, host_budget, static_cast<int>(dev)) {}
 
 CUDALLOC_HOT ContextState* ContextRegistry::current(StreamInfo** stream) {
@@ -47,7 +47,7 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
       if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
-    state = new ContextState(ctx, dev, options_, captures_, host_budget_);
+    state = new ContextState(ctx, dev, options_, captures_, host_budget_, *this);
     state->allocator.set_observer(allocator_observer());
     state->host.set_observer(trace_observer());
     state->host.set_reclaimer([this] { return release_host_caches(); });
@@ -140,6 +140,10 @@ ContextRegistry::LimitSetting ContextRegistry::limit_setting(CUdevice dev) {
 
 void ContextRegistry::end_ordered_eras() {
   for (ContextState* s : live()) s->backend.end_ordered_era();
+}
+
+void ContextRegistry::record_device_fences(std::vector<std::unique_ptr<Fence>>& out) {
+  for (ContextState* s : live()) out.push_back(s->backend.record_device_fence());
 }
 
 bool ContextRegistry::is_live(const ContextState* s) const {

@@ -27,7 +27,7 @@ namespace cudalloc::shim {
 // line with that mutex, the lookup of ctx missed under 8 threads of cudaMalloc pairs.
 struct ContextState {
   ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures,
-               HostBudget& host_budget);
+               HostBudget& host_budget, LiveDeviceFences& contexts);
   CUcontext ctx;
   CUdevice device;
   alignas(64) DriverBackend backend;
@@ -78,7 +78,7 @@ struct ProcessState;
 // device's primary context's state, whose fences cover it (hooks_context.cpp).
 void adopt_green_context(ProcessState& ps, CUcontext green);
 
-class ContextRegistry final : public OrderedEras {
+class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
  public:
   ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
       : options_(options), captures_(captures), single_stream_(single_stream),
@@ -131,6 +131,8 @@ class ContextRegistry final : public OrderedEras {
 
   // single_stream's end: every live context records the end of its ordered era.
   void end_ordered_eras() override;
+  // For pinned memory: a device fence in every live context.
+  void record_device_fences(std::vector<std::unique_ptr<Fence>>& out) override;
 
   // A memory limit set through the C API (cudalloc_set_memory_fraction / _limit) for a device:
   // it replaces the configured fraction and cap for that device, in its live allocators and in

@@ -7,8 +7,6 @@
 
 #include "driver/current_context.h"
 #include "driver/driver_api.h"
-#include "shim/observers.h"
-#include "shim/tracing.h"
 #include "support/log.h"
 
 namespace cudalloc::shim {
@@ -48,8 +46,8 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
     state = new ContextState(ctx, dev, options_, captures_, host_budget_, *this);
-    state->allocator.set_observer(allocator_observer());
-    state->host.set_observer(trace_observer());
+    state->allocator.set_observer(observers_.device != nullptr ? observers_.device() : nullptr);
+    state->host.set_observer(observers_.host != nullptr ? observers_.host() : nullptr);
     state->host.set_reclaimer([this] { return release_host_caches(); });
     std::shared_ptr<DeviceBudget>& budget = budgets_[dev];
     if (budget == nullptr) budget = std::make_shared<DeviceBudget>();

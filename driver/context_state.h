@@ -78,10 +78,18 @@ struct ProcessState;
 // device's primary context's state, whose fences cover it (hooks_context.cpp).
 void adopt_green_context(ProcessState& ps, CUcontext green);
 
+// Where the allocators of new contexts report (the shim's observers: trace, NVTX). Functions,
+// asked at each new context, so that the registry needs nothing of the shim.
+struct ContextObservers {
+  AllocatorObserver* (*device)() = nullptr;  // for each context's DeviceAllocator
+  AllocatorObserver* (*host)() = nullptr;    // for each context's HostCache
+};
+
 class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
  public:
-  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
-      : options_(options), captures_(captures), single_stream_(single_stream),
+  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream,
+                  ContextObservers observers)
+      : options_(options), captures_(captures), single_stream_(single_stream), observers_(observers),
         host_budget_(options.pinned_memory_limit_bytes) {}
 
   // The state of the calling thread's current context; null when there is none.
@@ -164,6 +172,7 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
+  const ContextObservers observers_;
   std::mutex mutex_;  // writers, budgets_ and the warned sets
   // Each device's memory against the limit, shared by the allocators of its contexts (never
   // freed, as the states).

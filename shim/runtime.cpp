@@ -12,6 +12,7 @@
 #include <string>
 
 #include "driver/driver_api.h"
+#include "shim/observers.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
 #include "shim/tracing.h"
@@ -26,6 +27,12 @@ std::atomic<const Runtime*> g_runtime{nullptr};
 std::atomic<ProcessState*> g_state{nullptr};
 std::atomic<bool> g_state_due{false};
 }  // namespace detail
+
+// Each context's allocator reports to the observers (the trace and NVTX registration, started
+// before the state is made), its pinned host cache to the trace only.
+ProcessState::ProcessState(const Config& config)
+    : single_stream(config.single_stream),
+      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer}) {}
 
 namespace {
 

@@ -26,8 +26,7 @@ const Runtime& runtime();
 
 // What caching keeps about the process. A fork child gets a fresh one.
 struct ProcessState {
-  explicit ProcessState(const Config& config)
-      : single_stream(config.single_stream), contexts(config.allocator, captures, single_stream) {}
+  explicit ProcessState(const Config& config);
   CaptureTracker captures;
   StreamRegistry streams;
   SingleStreamMode single_stream;

@@ -73,11 +73,6 @@ struct alignas(64) ContextList {
   std::vector<Alias> aliases;
 };
 
-struct ProcessState;
-// A green context met (cuCtxFromGreenCtx, cuGreenCtxStreamCreate): from now on it names its
-// device's primary context's state, whose fences cover it (hooks_context.cpp).
-void adopt_green_context(ProcessState& ps, CUcontext green);
-
 // Where the allocators of new contexts report (the shim's observers: trace, NVTX). Functions,
 // asked at each new context, so that the registry needs nothing of the shim.
 struct ContextObservers {

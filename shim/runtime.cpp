@@ -15,6 +15,7 @@
 #include "shim/observers.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
+#include "shim/stats.h"
 #include "shim/tracing.h"
 #include "support/log.h"
 
@@ -59,6 +60,20 @@ void after_fork_in_child() {
   }
 }
 
+// Idle cached pinned memory goes back to the driver at exit. Registered first, so that it runs
+// after the statistics (which then show what was cached) and the trace's end. The state as it
+// is: a fork child that never called CUDA makes none for this.
+void release_host_at_exit() {
+  if (ProcessState* ps = g_state.load(std::memory_order_acquire)) ps->contexts.release_host_caches();
+}
+
+// CUDALLOC_STATS=1: a table per context at exit (contexts destroyed before printed theirs
+// then: hooks_context.cpp).
+void print_stats_at_exit() {
+  ProcessState* ps = caching_state();
+  print_stats(ps != nullptr ? &ps->contexts : nullptr);
+}
+
 // A refused configuration: the process exits with status 1 before any CUDA work. exit() runs
 // the program's atexit handlers and static destructors, and one that makes a CUDA call comes
 // back here, on this thread or another: it finds a runtime published before the lock was let
@@ -99,7 +114,9 @@ const Runtime* init() {
     log_info("nvtx mode (%s): caching, segments and live blocks registered with the NVTX memory API", reason);
     start_nvtx_registration();
   }
-  start_tracing_and_stats(rt->config);
+  std::atexit(release_host_at_exit);
+  start_tracing(rt->config);
+  if (rt->config.stats_at_exit) std::atexit(print_stats_at_exit);
   if (!rt->passthrough) g_state.store(new ProcessState(rt->config), std::memory_order_release);
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   g_runtime.store(rt, std::memory_order_release);

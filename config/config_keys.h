@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/config.h"
+#include "config/settings.h"
 
 namespace cudalloc {
 

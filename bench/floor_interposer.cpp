@@ -14,7 +14,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 #define FLOOR_EXPORT extern "C" __attribute__((visibility("default")))
 

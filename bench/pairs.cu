@@ -9,7 +9,7 @@
 // log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
 // its own non-blocking stream and the line gives the total throughput in pairs per second;
 // --no-streams makes no stream (cudaMalloc pairs only): a context with the legacy stream alone,
-// as in a legacy code, whose device fences order reuse without waiting (shim/driver_backend.h).
+// as in a legacy code, whose device fences order reuse without waiting (driver/driver_backend.h).
 // --repeat N times each size N times in one process, each timing between two runs of a fixed
 // CPU loop (reference_before_ns, reference_after_ns): scripts/pair-over-time reads them.
 // --vs-pool times cudaMallocAsync pairs and cudaMallocFromPoolAsync pairs on the device's default

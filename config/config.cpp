@@ -3,6 +3,7 @@
 #include "config/config.h"
 
 #include "allocator/size_classes.h"
+#include "config/config_keys.h"
 
 #include <stdlib.h>  // secure_getenv (glibc)
 
@@ -23,18 +24,9 @@ namespace cudalloc {
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-// PyTorch's kLargeBuffer / 1 MiB: the smallest max_split_size_mb it accepts.
-constexpr std::uint64_t kMinSplitSizeMb = 20;
 constexpr std::uint64_t kMaxMb = std::numeric_limits<std::size_t>::max() / kMiB;
-constexpr std::size_t kMaxTraceStacks = 64;
 // Values quoted in error lines are cut to this many characters.
 constexpr std::size_t kMaxQuoted = 64;
-
-constexpr std::string_view kAcceptedKeys =
-    "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
-    "expandable_segments, per_process_memory_fraction, memory_limit_mb, free_sync, "
-    "trace_stacks, trace_nvtx, trace_clock, free_epoch_mb, thread_cache, max_pending_mb, single_stream, "
-    "page_stitching, pinned_memory_limit_mb";
 
 // PyTorch allocator keys that cudalloc recognises but does not implement.
 constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
@@ -49,35 +41,6 @@ constexpr std::array<std::string_view, 11> kPytorchOnlyKeys = {
     "graph_capture_record_stream_reuse",
     "max_non_split_rounding_mb",
     "garbage_collect_threshold",
-};
-
-enum class Key : unsigned {
-  kMaxSplitSizeMb,
-  kGarbageCollectionThreshold,
-  kRoundupPower2Divisions,
-  kExpandableSegments,
-  kPerProcessMemoryFraction,
-  kMemoryLimitMb,
-  kFreeSync,
-  kTraceStacks,
-  kTraceNvtx,
-  kFreeEpochMb,
-  kThreadCache,
-  kMaxPendingMb,
-  kSingleStream,
-  kTraceClock,
-  kPageStitching,
-  kPinnedMemoryLimitMb,
-  kCount,
-};
-
-constexpr std::array<std::string_view, static_cast<unsigned>(Key::kCount)> kKeyNames = {
-    "max_split_size_mb",   "garbage_collection_threshold", "roundup_power2_divisions",
-    "expandable_segments", "per_process_memory_fraction",  "memory_limit_mb",
-    "free_sync",           "trace_stacks",                 "trace_nvtx",
-    "free_epoch_mb",       "thread_cache",                 "max_pending_mb",
-    "single_stream",       "trace_clock",                  "page_stitching",
-    "pinned_memory_limit_mb",
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -366,90 +329,50 @@ std::string parse_roundup(std::string_view value,
   return {};
 }
 
-std::string parse_entry(Key k, std::string_view key, std::string_view value, Config& c) {
+std::string parse_entry(const ConfigKey& k, std::string_view key, std::string_view value, Config& c) {
   std::string why;
-  switch (k) {
-    case Key::kMaxSplitSizeMb:
-      return parse_mb(key, value, kMinSplitSizeMb,
-                      " (20 MiB is PyTorch's minimum, its kLargeBuffer)",
-                      c.allocator.max_split_size);
-    case Key::kMemoryLimitMb:
-      // Below the smallest segment nothing could ever be served.
-      return parse_mb(key, value, kSmallBuffer / kMiB, " (the smallest segment is 2 MiB)", c.allocator.memory_limit_bytes);
-    case Key::kPinnedMemoryLimitMb:
-      return parse_mb(key, value, 1, "", c.allocator.pinned_memory_limit_bytes);
-    case Key::kFreeEpochMb:
-      return parse_mb(key, value, 0, "", c.allocator.free_epoch_bytes);
-    case Key::kMaxPendingMb:
-      return parse_mb(key, value, 0, "", c.allocator.max_pending_bytes);
-    case Key::kGarbageCollectionThreshold: {
-      constexpr std::string_view expected = "expected a number between 0 and 1 (exclusive)";
+  switch (k.kind) {
+    case KeyKind::kMiB:
+      return parse_mb(key, value, k.min, k.range_note, k.size(c));
+    case KeyKind::kFraction: {
+      const std::string_view expected = k.max_inclusive ? "expected a number greater than 0 and at most 1"
+                                                        : "expected a number between 0 and 1 (exclusive)";
       double v = 0.0;
       if (!parse_double(value, v, why)) {
         return conf_error(key, value, why + "; " + std::string(expected));
       }
-      if (!(v > 0.0 && v < 1.0)) return conf_error(key, value, expected);
-      c.allocator.garbage_collection_threshold = v;
+      if (!(v > 0.0 && (k.max_inclusive ? v <= 1.0 : v < 1.0))) return conf_error(key, value, expected);
+      k.number(c) = v;
       return {};
     }
-    case Key::kPerProcessMemoryFraction: {
-      constexpr std::string_view expected =
-          "expected a number greater than 0 and at most 1";
-      double v = 0.0;
-      if (!parse_double(value, v, why)) {
-        return conf_error(key, value, why + "; " + std::string(expected));
-      }
-      if (!(v > 0.0 && v <= 1.0)) return conf_error(key, value, expected);
-      c.allocator.per_process_memory_fraction = v;
-      return {};
-    }
-    case Key::kRoundupPower2Divisions:
+    case KeyKind::kDivisions:
       return parse_roundup(value, c.allocator.roundup_power2_divisions);
-    case Key::kExpandableSegments:
-    case Key::kFreeSync:
-    case Key::kTraceNvtx:
-    case Key::kThreadCache:
-    case Key::kSingleStream:
-    case Key::kPageStitching: {
+    case KeyKind::kBool: {
       bool v = false;
       if (!parse_bool(value, v)) {
         return conf_error(key, value, "expected true or false (any case)");
       }
-      if (k == Key::kExpandableSegments) {
-        c.allocator.expandable_segments = v;
-      } else if (k == Key::kFreeSync) {
-        c.free_sync = v;
-      } else if (k == Key::kThreadCache) {
-        c.allocator.thread_cache = v;
-      } else if (k == Key::kSingleStream) {
-        c.single_stream = v;
-      } else if (k == Key::kPageStitching) {
-        c.allocator.page_stitching = v;
-      } else {
-        c.trace_nvtx = v;
-      }
+      k.flag(c) = v;
       return {};
     }
-    case Key::kTraceClock:
-      if (iequals(value, "tsc")) {
-        c.trace_tsc = true;
-      } else if (iequals(value, "monotonic")) {
-        c.trace_tsc = false;
+    case KeyKind::kChoice:
+      if (iequals(value, k.choices[0])) {
+        k.flag(c) = true;
+      } else if (iequals(value, k.choices[1])) {
+        k.flag(c) = false;
       } else {
-        return conf_error(key, value, "expected tsc or monotonic (any case)");
+        return conf_error(key, value,
+                          "expected " + std::string(k.choices[0]) + " or " + std::string(k.choices[1]) + " (any case)");
       }
       return {};
-    case Key::kTraceStacks: {
-      const std::string expected =
-          "expected an integer from 0 to " + std::to_string(kMaxTraceStacks);
+    case KeyKind::kCount: {
+      const std::string expected = "expected an integer from " + std::to_string(k.min) + " to " + std::to_string(k.max);
       std::uint64_t v = 0;
       if (!parse_u64(value, v, why)) return conf_error(key, value, why + "; " + expected);
-      if (v > kMaxTraceStacks) return conf_error(key, value, "out of range; " + expected);
-      c.trace_stacks = static_cast<std::size_t>(v);
+      if (v < k.min || v > k.max) return conf_error(key, value, "out of range; " + expected);
+      k.size(c) = static_cast<std::size_t>(v);
       return {};
     }
-    case Key::kCount:
-      break;
   }
   return conf_error(key, value, "internal error: unhandled key");
 }
@@ -475,20 +398,21 @@ std::string handle_entry(std::string_view entry, unsigned& seen, Config& c) {
   if ((key == "pinned_use_cuda_host_register" || key == "pinned_use_background_threads") && iequals(value, "false")) {
     return {};
   }
+  const std::span<const ConfigKey> keys = config_keys();
   unsigned index = 0;
-  while (index < kKeyNames.size() && kKeyNames[index] != key) ++index;
-  if (index == kKeyNames.size()) {
+  while (index < keys.size() && keys[index].name != key) ++index;
+  if (index == keys.size()) {
     if (std::find(kPytorchOnlyKeys.begin(), kPytorchOnlyKeys.end(), key) !=
         kPytorchOnlyKeys.end()) {
       return conf_error(key, value,
                         std::string(key) +
                             " is a PyTorch allocator key that cudalloc does not support; "
                             "accepted keys: " +
-                            std::string(kAcceptedKeys));
+                            accepted_keys());
     }
     return conf_error(key, value,
                       "unknown key '" + quote(key) + "'; accepted keys: " +
-                          std::string(kAcceptedKeys));
+                          accepted_keys());
   }
   if (value.empty()) {
     return conf_error(key, value, "empty value for " + std::string(key));
@@ -498,7 +422,7 @@ std::string handle_entry(std::string_view entry, unsigned& seen, Config& c) {
     return conf_error(key, value, "duplicate key, " + std::string(key) + " may be given once");
   }
   seen |= bit;
-  return parse_entry(static_cast<Key>(index), key, value, c);
+  return parse_entry(keys[index], key, value, c);
 }
 
 ConfigResult fail(std::string error) {

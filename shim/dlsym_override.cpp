@@ -4,9 +4,9 @@
 // Everything the special handles reach is here or in the C library.
 #include <dlfcn.h>
 
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 #include "shim/hooks.h"
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 using namespace cudalloc::shim;
 

@@ -1,8 +1,8 @@
 #include "shim/free_path.h"
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
-#include "shim/log.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 

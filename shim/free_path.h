@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 #include "shim/runtime.h"
 
 namespace cudalloc::shim {

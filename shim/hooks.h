@@ -4,7 +4,7 @@
 
 #include <type_traits>
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 // X(export name)
 #define CUDALLOC_HOOKS(X)             \
@@ -65,5 +65,10 @@ void* substitute(void* real);
 void* substitute_if_loaded(void* real);
 // True for the export names we wrap (cheap; most names fail on the first characters).
 bool is_hooked_name(const char* symbol);
+
+struct ProcessState;
+// A green context met (cuCtxFromGreenCtx, cuGreenCtxStreamCreate): from now on it names its
+// device's primary context's state, whose fences cover it (hooks_context.cpp).
+void adopt_green_context(ProcessState& ps, CUcontext green);
 
 }  // namespace cudalloc::shim

@@ -5,11 +5,11 @@
 #include <array>
 #include <mutex>
 
-#include "shim/current_context.h"
+#include "driver/current_context.h"
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/runtime.h"
-#include "shim/tracing.h"
+#include "shim/stats.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;
@@ -43,7 +43,9 @@ std::mutex& primary_lock(CUdevice dev) {
 
 void drop(ProcessState& ps, CUcontext ctx) {
   // Its own state only (a green context names its primary's, which lives on).
-  if (ContextState* s = ps.contexts.find(ctx); s != nullptr && s->ctx == ctx) stats_on_context_end(*s);
+  if (ContextState* s = ps.contexts.find(ctx); s != nullptr && s->ctx == ctx && runtime().config.stats_at_exit) {
+    print_context_end_stats(*s);
+  }
   run_parked(ps, ps.contexts.drop(ctx));
 }
 

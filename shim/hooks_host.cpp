@@ -5,10 +5,10 @@
 // (cudaHostRegister) is not intercepted: the program's own memory stays the program's.
 #include "shim/hooks_host.h"
 
+#include "driver/host_backend.h"
 #include "shim/hooks.h"
-#include "shim/host_backend.h"
-#include "shim/log.h"
 #include "shim/runtime.h"
+#include "support/log.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;

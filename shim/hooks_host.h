@@ -2,7 +2,7 @@
 // pinned segment is answered for its block, not for the driver allocation around it.
 #pragma once
 
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 

@@ -6,10 +6,10 @@
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/hooks_host.h"
-#include "shim/log.h"
-#include "shim/profile.h"
 #include "shim/runtime.h"
 #include "shim/tracing.h"
+#include "support/log.h"
+#include "support/profile.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;
@@ -85,7 +85,7 @@ void stream_used_slow(ProcessState& ps, ContextState& s, StreamInfo* si, bool le
   if (learnt) s.backend.add_stream(si);
   if (si->helper.load(std::memory_order_relaxed)) s.backend.unmark_helper(si);
   if (si->kind != StreamInfo::Kind::kLegacy && (learnt || ps.single_stream.active())) {
-    ps.single_stream.stream_seen(ps.contexts, s, si, learnt ? "an unknown stream" : "a stream other than the legacy one");
+    ps.single_stream.stream_seen(ps.contexts, s.backend, si, learnt ? "an unknown stream" : "a stream other than the legacy one");
   }
 }
 // Inline up to "nothing to do", the answer for a known stream once single_stream has ended.

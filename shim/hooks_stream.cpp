@@ -1,10 +1,10 @@
 // Stream and capture calls: the shim learns the process's streams (a device fence must
 // record on every non-blocking one) and which streams are being captured.
+#include "driver/helper_streams.h"
 #include "shim/free_path.h"
-#include "shim/helper_streams.h"
 #include "shim/hooks.h"
-#include "shim/log.h"
 #include "shim/runtime.h"
+#include "support/log.h"
 
 using namespace cudalloc;
 using namespace cudalloc::shim;
@@ -34,7 +34,7 @@ CUresult stream_created(CUresult r, CUstream* stream, unsigned flags, const void
       if (lib != nullptr) {
         log_debug("stream %p is a helper stream of %s, ordered with its caller's stream", static_cast<void*>(*stream), lib);
       } else {
-        ps->single_stream.stream_seen(ps->contexts, *s, si, "a non-blocking stream was created");
+        ps->single_stream.stream_seen(ps->contexts, s->backend, si, "a non-blocking stream was created");
       }
     }
   }

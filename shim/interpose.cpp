@@ -10,8 +10,8 @@
 #include <mutex>
 
 #include "shim/hooks.h"
-#include "shim/real_dlsym.h"
 #include "shim/runtime.h"
+#include "support/real_dlsym.h"
 
 namespace cudalloc::shim {
 

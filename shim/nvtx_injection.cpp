@@ -18,8 +18,8 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "config/config.h"
-#include "shim/cuda_api.h"
-#include "shim/log.h"
+#include "driver/cuda_api.h"
+#include "support/log.h"
 #include "trace/trace_writer.h"
 
 extern char** environ;

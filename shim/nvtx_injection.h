@@ -15,7 +15,7 @@
 
 namespace cudalloc::shim {
 
-// From start_tracing_and_stats when trace_nvtx is on: connects the trace writer to the range
+// From start_tracing when trace_nvtx is on: connects the trace writer to the range
 // stacks, or logs (info) why NVTX phases stay off.
 void nvtx_connect_trace();
 

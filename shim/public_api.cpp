@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "allocator/memory_stats.h"
-#include "shim/cuda_api.h"
-#include "shim/driver_api.h"
+#include "driver/cuda_api.h"
+#include "driver/driver_api.h"
 #include "shim/nvtx_injection.h"
 #include "shim/runtime.h"
 #include "shim/tracing.h"

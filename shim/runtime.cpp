@@ -11,11 +11,13 @@
 #include <new>
 #include <string>
 
-#include "shim/driver_api.h"
-#include "shim/log.h"
+#include "driver/driver_api.h"
+#include "shim/observers.h"
 #include "shim/passthrough.h"
 #include "shim/sanitizer_nvtx.h"
+#include "shim/stats.h"
 #include "shim/tracing.h"
+#include "support/log.h"
 
 extern char** environ;
 
@@ -26,6 +28,12 @@ std::atomic<const Runtime*> g_runtime{nullptr};
 std::atomic<ProcessState*> g_state{nullptr};
 std::atomic<bool> g_state_due{false};
 }  // namespace detail
+
+// Each context's allocator reports to the observers (the trace and NVTX registration, started
+// before the state is made), its pinned host cache to the trace only.
+ProcessState::ProcessState(const Config& config)
+    : single_stream(config.single_stream),
+      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer}) {}
 
 namespace {
 
@@ -50,6 +58,20 @@ void after_fork_in_child() {
     g_state.store(nullptr, std::memory_order_relaxed);
     g_state_due.store(true, std::memory_order_release);
   }
+}
+
+// Idle cached pinned memory goes back to the driver at exit. Registered first, so that it runs
+// after the statistics (which then show what was cached) and the trace's end. The state as it
+// is: a fork child that never called CUDA makes none for this.
+void release_host_at_exit() {
+  if (ProcessState* ps = g_state.load(std::memory_order_acquire)) ps->contexts.release_host_caches();
+}
+
+// CUDALLOC_STATS=1: a table per context at exit (contexts destroyed before printed theirs
+// then: hooks_context.cpp).
+void print_stats_at_exit() {
+  ProcessState* ps = caching_state();
+  print_stats(ps != nullptr ? &ps->contexts : nullptr);
 }
 
 // A refused configuration: the process exits with status 1 before any CUDA work. exit() runs
@@ -92,7 +114,9 @@ const Runtime* init() {
     log_info("nvtx mode (%s): caching, segments and live blocks registered with the NVTX memory API", reason);
     start_nvtx_registration();
   }
-  start_tracing_and_stats(rt->config);
+  std::atexit(release_host_at_exit);
+  start_tracing(rt->config);
+  if (rt->config.stats_at_exit) std::atexit(print_stats_at_exit);
   if (!rt->passthrough) g_state.store(new ProcessState(rt->config), std::memory_order_release);
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   g_runtime.store(rt, std::memory_order_release);

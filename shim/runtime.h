@@ -5,11 +5,11 @@
 #include <atomic>
 
 #include "config/config.h"
-#include "shim/capture.h"
-#include "shim/context_state.h"
-#include "shim/profile.h"
-#include "shim/single_stream.h"
-#include "shim/streams.h"
+#include "driver/capture.h"
+#include "driver/context_state.h"
+#include "driver/single_stream.h"
+#include "driver/streams.h"
+#include "support/profile.h"
 
 namespace cudalloc::shim {
 
@@ -26,8 +26,7 @@ const Runtime& runtime();
 
 // What caching keeps about the process. A fork child gets a fresh one.
 struct ProcessState {
-  explicit ProcessState(const Config& config)
-      : single_stream(config.single_stream), contexts(config.allocator, captures, single_stream) {}
+  explicit ProcessState(const Config& config);
   CaptureTracker captures;
   StreamRegistry streams;
   SingleStreamMode single_stream;

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <new>
 
-#include "shim/log.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 namespace {

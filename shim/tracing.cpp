@@ -7,11 +7,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "shim/driver_api.h"
-#include "shim/log.h"
+#include "driver/driver_api.h"
+#include "driver/streams.h"
 #include "shim/nvtx_injection.h"
-#include "shim/runtime.h"
-#include "shim/streams.h"
+#include "support/log.h"
 #include "trace/trace_writer.h"
 
 namespace cudalloc::shim {
@@ -84,30 +83,6 @@ void flush_at_exit() {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->finish();
 }
 
-void print_context_stats(const ContextState& s) {
-  std::string text = s.allocator.summary();
-  if (s.host.used()) text += s.host.summary();
-  std::fputs(text.c_str(), stderr);
-}
-
-// CUDALLOC_STATS=1: a memory_summary-style table per context at exit (contexts destroyed
-// before printed theirs then: stats_on_context_end).
-void print_stats_at_exit() {
-  ProcessState* ps = caching_state();
-  if (ps == nullptr) {
-    std::fprintf(stderr, "cudalloc: passthrough mode, no cache statistics\n");
-    return;
-  }
-  for (ContextState* s : ps->contexts.live()) print_context_stats(*s);
-}
-
-// Idle cached pinned memory goes back to the driver at exit. Registered first, so that it runs
-// after the statistics (which then show what was cached) and the trace's end. The state as it
-// is: a fork child that never called CUDA makes none for this.
-void release_host_at_exit() {
-  if (ProcessState* ps = detail::g_state.load(std::memory_order_acquire)) ps->contexts.release_host_caches();
-}
-
 // The stream as the program names it (docs/trace-format.md): 0x0 for the legacy default stream,
 // CU_STREAM_PER_THREAD for a per-thread default stream, else the handle it created. Stream
 // records are never freed, so the writer thread may read one after the stream is gone.
@@ -119,8 +94,7 @@ std::uint64_t program_stream(StreamHandle key) noexcept {
 
 }  // namespace
 
-void start_tracing_and_stats(const Config& config) {
-  std::atexit(release_host_at_exit);
+void start_tracing(const Config& config) {
   if (!config.trace_path.empty()) {
     TraceOptions options;
     options.stack_depth = config.trace_stacks;
@@ -143,15 +117,6 @@ void start_tracing_and_stats(const Config& config) {
       std::atexit(flush_at_exit);
     }
   }
-  if (config.stats_at_exit) std::atexit(print_stats_at_exit);
-}
-
-void stats_on_context_end(const ContextState& s) {
-  const Runtime* rt = detail::g_runtime.load(std::memory_order_acquire);
-  if (rt == nullptr || !rt->config.stats_at_exit) return;
-  std::fprintf(stderr, "cudalloc: context %p of device %d is being destroyed; its statistics:\n",
-               static_cast<void*>(s.ctx), static_cast<int>(s.device));
-  print_context_stats(s);
 }
 
 AllocatorObserver* trace_observer() { return g_writer.load(std::memory_order_acquire); }

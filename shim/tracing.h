@@ -1,5 +1,5 @@
-// The process's allocation trace (CUDALLOC_TRACE) and exit statistics (CUDALLOC_STATS), set up
-// with the runtime at the first intercepted CUDA call.
+// The process's allocation trace (CUDALLOC_TRACE), set up with the runtime at the first
+// intercepted CUDA call.
 #pragma once
 
 #include <cstddef>
@@ -7,17 +7,12 @@
 
 #include "allocator/events.h"
 #include "config/config.h"
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 
-// Opens the trace writer if the configuration asks for one and registers the exit handler.
-void start_tracing_and_stats(const Config& config);
-
-struct ContextState;
-// CUDALLOC_STATS=1: the summary of a context that goes (cuCtxDestroy, a primary context's
-// reset or last release), printed before its state is dropped; the others print at exit.
-void stats_on_context_end(const ContextState& s);
+// Opens the trace writer if the configuration asks for one and registers its exit handler.
+void start_tracing(const Config& config);
 
 // The observer every allocator reports to; null when not tracing.
 AllocatorObserver* trace_observer();

@@ -55,6 +55,7 @@
 #include "allocator/sim_backend.h"
 #include "trace/trace_writer.h"
 #include "config/config.h"
+#include "config/config_keys.h"
 
 namespace {
 
@@ -595,7 +596,8 @@ const char* kUsage =
     "                     with its own cache off asks of cudalloc)\n"
     "  --blocking-streams the program has no non-blocking stream (PyTorch on one GPU): a device fence\n"
     "                     orders the reuse of the blocks it covers, so cudaFree'd blocks need not wait\n"
-    "                     for the device\n";
+    "                     for the device\n"
+    "  --print-config-table  print README's table of the CUDALLOC_CONF keys and exit\n";
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -617,6 +619,9 @@ Options parse_args(int argc, char** argv) {
     };
     if (name == "--help" || name == "-h") {
       std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (name == "--print-config-table") {
+      std::fputs(config_table().c_str(), stdout);
       std::exit(0);
     } else if (name == "--conf") {
       o.confs.push_back(value());

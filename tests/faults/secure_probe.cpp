@@ -1,7 +1,7 @@
 // Security probe: what the configuration, the log and the trace writer do in this process.
 //   secure_probe LOG_PATH TRACE_PATH [WARNINGS]
 // Prints AT_SECURE, what load_config() read from CUDALLOC_LOG_FILE / CUDALLOC_TRACE, then
-// asks the log (shim/log.cpp) and the trace writer to write to LOG_PATH and TRACE_PATH
+// asks the log (support/log.cpp) and the trace writer to write to LOG_PATH and TRACE_PATH
 // directly. check_security.py runs it setuid-root as an unprivileged user (secure-execution
 // mode): no file may appear. Run normally, both files appear (the control). WARNINGS (default
 // 1) is how many warnings to log: enough to fill a pipe when LOG_PATH is a FIFO.
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "shim/log.h"
+#include "support/log.h"
 #include "trace/trace_writer.h"
 
 int main(int argc, char** argv) {

@@ -148,7 +148,7 @@ TEST_CASE("a non-blocking stream destroyed with queued work while events keep fa
   }
 }
 
-// Regression (shim/driver_backend.cpp, DriverBackend::remove_stream): when the event that
+// Regression (driver/driver_backend.cpp, DriverBackend::remove_stream): when the event that
 // marks a destroyed non-blocking stream's last work could not be recorded, the stream left the
 // device fence's list without it, so a block freed afterwards could be reused while the
 // destroyed stream's queued kernel still wrote to it (seen once: a 6 MiB block overwritten).

@@ -1,6 +1,6 @@
 // Stands in for a library that runs parts of a call on streams of its own and orders them with
 // its caller's stream (cuDNN, cuBLASLt): built as libcudnn_forkjoin_test.so, so that cudalloc
-// recognises the streams it creates as helper streams (shim/helper_streams.h).
+// recognises the streams it creates as helper streams (driver/helper_streams.h).
 #include <cuda.h>
 
 extern "C" __attribute__((visibility("default"), noinline)) int forkjoin_make_stream(

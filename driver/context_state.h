@@ -13,12 +13,12 @@
 
 #include "allocator/device_allocator.h"
 #include "allocator/host_cache.h"
-#include "shim/capture.h"
-#include "shim/cuda_api.h"
-#include "shim/driver_backend.h"
-#include "shim/host_backend.h"
-#include "shim/single_stream.h"
-#include "shim/streams.h"
+#include "driver/capture.h"
+#include "driver/cuda_api.h"
+#include "driver/driver_backend.h"
+#include "driver/host_backend.h"
+#include "driver/single_stream.h"
+#include "driver/streams.h"
 
 namespace cudalloc::shim {
 
@@ -27,7 +27,7 @@ namespace cudalloc::shim {
 // line with that mutex, the lookup of ctx missed under 8 threads of cudaMalloc pairs.
 struct ContextState {
   ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures,
-               HostBudget& host_budget);
+               HostBudget& host_budget, LiveDeviceFences& contexts);
   CUcontext ctx;
   CUdevice device;
   alignas(64) DriverBackend backend;
@@ -73,15 +73,18 @@ struct alignas(64) ContextList {
   std::vector<Alias> aliases;
 };
 
-struct ProcessState;
-// A green context met (cuCtxFromGreenCtx, cuGreenCtxStreamCreate): from now on it names its
-// device's primary context's state, whose fences cover it (hooks_context.cpp).
-void adopt_green_context(ProcessState& ps, CUcontext green);
+// Where the allocators of new contexts report (the shim's observers: trace, NVTX). Functions,
+// asked at each new context, so that the registry needs nothing of the shim.
+struct ContextObservers {
+  AllocatorObserver* (*device)() = nullptr;  // for each context's DeviceAllocator
+  AllocatorObserver* (*host)() = nullptr;    // for each context's HostCache
+};
 
-class ContextRegistry {
+class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
  public:
-  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream)
-      : options_(options), captures_(captures), single_stream_(single_stream),
+  ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream,
+                  ContextObservers observers)
+      : options_(options), captures_(captures), single_stream_(single_stream), observers_(observers),
         host_budget_(options.pinned_memory_limit_bytes) {}
 
   // The state of the calling thread's current context; null when there is none.
@@ -129,6 +132,11 @@ class ContextRegistry {
   bool release_host_caches();
   const HostBudget& host_budget() const { return host_budget_; }
 
+  // single_stream's end: every live context records the end of its ordered era.
+  void end_ordered_eras() override;
+  // For pinned memory: a device fence in every live context.
+  void record_device_fences(std::vector<std::unique_ptr<Fence>>& out) override;
+
   // A memory limit set through the C API (cudalloc_set_memory_fraction / _limit) for a device:
   // it replaces the configured fraction and cap for that device, in its live allocators and in
   // those made later. bytes 0: no cap in bytes.
@@ -159,6 +167,7 @@ class ContextRegistry {
   const AllocatorOptions& options_;
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
+  const ContextObservers observers_;
   std::mutex mutex_;  // writers, budgets_ and the warned sets
   // Each device's memory against the limit, shared by the allocators of its contexts (never
   // freed, as the states).

@@ -1,4 +1,4 @@
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 #include <dlfcn.h>
 
@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "allocator/types.h"
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 namespace cudalloc::shim {
 

@@ -1,4 +1,4 @@
-#include "shim/log.h"
+#include "support/log.h"
 
 #include "trace/owned_file.h"
 

@@ -1,4 +1,4 @@
-#include "shim/real_dlsym.h"
+#include "support/real_dlsym.h"
 
 #include <dlfcn.h>
 

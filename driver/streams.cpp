@@ -1,6 +1,6 @@
-#include "shim/streams.h"
+#include "driver/streams.h"
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 namespace cudalloc::shim {
 

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "allocator/backend.h"
-#include "shim/capture.h"
-#include "shim/cuda_api.h"
-#include "shim/streams.h"
+#include "driver/capture.h"
+#include "driver/cuda_api.h"
+#include "driver/streams.h"
 
 namespace cudalloc::shim {
 

@@ -1,23 +1,23 @@
-#include "shim/single_stream.h"
+#include "driver/single_stream.h"
 
 #include <execinfo.h>
 
 #include <cstdlib>
 
-#include "shim/context_state.h"
-#include "shim/log.h"
-#include "shim/streams.h"
+#include "driver/driver_backend.h"
+#include "driver/streams.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 
-void SingleStreamMode::leave(ContextRegistry& contexts, const char* why) {
+void SingleStreamMode::leave(OrderedEras& contexts, const char* why) {
   if (!active()) return;
   std::lock_guard lock(mutex_);
   if (!active_.load()) return;
   // Off first, then the events: a free that still saw the mode on queued its block's work
   // before this store, so before the events below.
   active_.store(false);
-  for (ContextState* s : contexts.live()) s->backend.end_ordered_era();
+  contexts.end_ordered_eras();
   log_info("single_stream: off from now on (%s); cudaFree'd blocks wait for device fences again", why);
   log_caller();
 }
@@ -34,12 +34,12 @@ void SingleStreamMode::log_caller() {
   std::free(names);
 }
 
-void SingleStreamMode::stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s,
+void SingleStreamMode::stream_seen(OrderedEras& contexts, DriverBackend& owner, StreamInfo* s,
                                    const char* why) {
   if (!configured_) return;
   leave(contexts, why);
   std::lock_guard lock(mutex_);
-  owner.backend.follow_ordered_era(s);
+  owner.follow_ordered_era(s);
 }
 
 }  // namespace cudalloc::shim

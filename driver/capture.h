@@ -7,8 +7,8 @@
 #include <mutex>
 #include <vector>
 
-#include "shim/cuda_api.h"
-#include "shim/streams.h"
+#include "driver/cuda_api.h"
+#include "driver/streams.h"
 
 namespace cudalloc::shim {
 

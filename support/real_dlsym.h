@@ -1,4 +1,5 @@
-// The C library's dlsym, for code of the shim that must not meet its own dlsym override.
+// The C library's dlsym, for code that must not meet cudalloc's own dlsym override (the
+// driver table, the override itself).
 #pragma once
 
 namespace cudalloc::shim {

@@ -1,25 +1,23 @@
-#include "shim/context_state.h"
+#include "driver/context_state.h"
 
 #include <algorithm>
 
 #include "allocator/memory_stats.h"
 #include "allocator/size_classes.h"
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
-#include "shim/log.h"
-#include "shim/observers.h"
-#include "shim/tracing.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
+#include "support/log.h"
 
 namespace cudalloc::shim {
 
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures,
-                           HostBudget& host_budget)
+                           HostBudget& host_budget, LiveDeviceFences& contexts)
     : ctx(c),
       device(dev),
       backend(c, dev, captures),
       allocator(backend, options, static_cast<int>(dev)),
-      host_backend(c),
+      host_backend(c, captures, contexts),
       host(host_backend, host_budget, static_cast<int>(dev)) {}
 
 CUDALLOC_HOT ContextState* ContextRegistry::current(StreamInfo** stream) {
@@ -47,9 +45,9 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
       if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
-    state = new ContextState(ctx, dev, options_, captures_, host_budget_);
-    state->allocator.set_observer(allocator_observer());
-    state->host.set_observer(trace_observer());
+    state = new ContextState(ctx, dev, options_, captures_, host_budget_, *this);
+    state->allocator.set_observer(observers_.device != nullptr ? observers_.device() : nullptr);
+    state->host.set_observer(observers_.host != nullptr ? observers_.host() : nullptr);
     state->host.set_reclaimer([this] { return release_host_caches(); });
     std::shared_ptr<DeviceBudget>& budget = budgets_[dev];
     if (budget == nullptr) budget = std::make_shared<DeviceBudget>();
@@ -136,6 +134,14 @@ ContextRegistry::LimitSetting ContextRegistry::limit_setting(CUdevice dev) {
   std::lock_guard lock(mutex_);
   if (auto it = limits_.find(dev); it != limits_.end()) return it->second;
   return LimitSetting{options_.per_process_memory_fraction, options_.memory_limit_bytes};
+}
+
+void ContextRegistry::end_ordered_eras() {
+  for (ContextState* s : live()) s->backend.end_ordered_era();
+}
+
+void ContextRegistry::record_device_fences(std::vector<std::unique_ptr<Fence>>& out) {
+  for (ContextState* s : live()) out.push_back(s->backend.record_device_fence());
 }
 
 bool ContextRegistry::is_live(const ContextState* s) const {

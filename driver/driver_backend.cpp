@@ -1,12 +1,12 @@
-#include "shim/driver_backend.h"
+#include "driver/driver_backend.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
-#include "shim/log.h"
-#include "shim/profile.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
+#include "support/log.h"
+#include "support/profile.h"
 
 namespace cudalloc::shim {
 

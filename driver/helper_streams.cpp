@@ -1,4 +1,4 @@
-#include "shim/helper_streams.h"
+#include "driver/helper_streams.h"
 
 #include <dlfcn.h>
 

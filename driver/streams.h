@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "allocator/types.h"
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 

@@ -1,4 +1,4 @@
-#include "shim/profile.h"
+#include "support/profile.h"
 
 #include <stdlib.h>  // secure_getenv (glibc)
 

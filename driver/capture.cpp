@@ -1,9 +1,9 @@
-#include "shim/capture.h"
+#include "driver/capture.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 namespace cudalloc::shim {
 

@@ -1,12 +1,10 @@
-#include "shim/host_backend.h"
+#include "driver/host_backend.h"
 
 #include <utility>
 #include <vector>
 
-#include "shim/capture.h"
-#include "shim/current_context.h"
-#include "shim/driver_api.h"
-#include "shim/runtime.h"
+#include "driver/current_context.h"
+#include "driver/driver_api.h"
 
 namespace cudalloc::shim {
 
@@ -46,8 +44,7 @@ Status DriverHostBackend::allocate(std::size_t bytes, unsigned flags, void** out
   }
   // A miss must not do what a hit does not: in a global-mode capture the driver would fail the
   // call and invalidate the program's capture (as for device segments: capture.h).
-  ProcessState* ps = detail::g_state.load(std::memory_order_acquire);
-  RelaxedCaptureMode relaxed(ps != nullptr && ps->captures.any());
+  RelaxedCaptureMode relaxed(captures_.any());
   const CUresult r = driver().cuMemHostAlloc(out, bytes, flags);
   if (r == CUDA_SUCCESS) return Status::kOk;
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return Status::kOutOfMemory;
@@ -63,11 +60,9 @@ Status DriverHostBackend::free(void* ptr) {
 
 std::unique_ptr<Fence> DriverHostBackend::record_fence() {
   auto fence = std::make_unique<AllContextsFence>();
-  // The state exists: a host cache belongs to one of its contexts. A fork child's fresh state
-  // has no caches of the parent's.
-  if (ProcessState* ps = detail::g_state.load(std::memory_order_acquire)) {
-    for (ContextState* s : ps->contexts.live()) fence->parts.push_back(s->backend.record_device_fence());
-  }
+  // The contexts of this backend's own registry: a fork child's fresh state has other contexts,
+  // but no caches of the parent's either.
+  contexts_.record_device_fences(fence->parts);
   return fence;
 }
 

@@ -27,9 +27,19 @@
 
 namespace cudalloc::shim {
 
-class ContextRegistry;
-struct ContextState;
+class DriverBackend;
 struct StreamInfo;
+
+// The contexts whose ordered era ends with the mode (ContextRegistry). An interface, so that
+// the mode knows nothing of the registry, which holds it.
+class OrderedEras {
+ public:
+  // Each live context records the end of its ordered era (DriverBackend::end_ordered_era).
+  virtual void end_ordered_eras() = 0;
+
+ protected:
+  ~OrderedEras() = default;
+};
 
 class SingleStreamMode {
  public:
@@ -38,10 +48,10 @@ class SingleStreamMode {
   // True while cudaFree'd blocks are ordered on the legacy stream.
   bool active() const { return active_.load(); }
   // Ends the mode (the first call only); `why` names what was seen, for the log.
-  void leave(ContextRegistry& contexts, const char* why);
-  // `s` is a stream of `owner`'s context, just created or first met: ends the mode, and a
-  // non-blocking `s` waits for the ordered era's legacy work before its own.
-  void stream_seen(ContextRegistry& contexts, ContextState& owner, StreamInfo* s, const char* why);
+  void leave(OrderedEras& contexts, const char* why);
+  // `s` is a stream of the context of `owner`, just created or first met: ends the mode, and
+  // a non-blocking `s` waits for the ordered era's legacy work before its own.
+  void stream_seen(OrderedEras& contexts, DriverBackend& owner, StreamInfo* s, const char* why);
 
  private:
   static void log_caller();

@@ -5,7 +5,7 @@
 #include <atomic>
 #include <type_traits>
 
-#include "shim/cuda_api.h"
+#include "driver/cuda_api.h"
 
 namespace cudalloc::shim {
 

@@ -1,6 +1,6 @@
-// cuda.h for the shim: the driver API types and declarations, without the macros that
-// rename a base name to its newest version (cuStreamDestroy -> cuStreamDestroy_v2 ...).
-// The shim names every export exactly, so those macros would only get in the way.
+// cuda.h for the driver model and the shim: the driver API types and declarations, without the
+// macros that rename a base name to its newest version (cuStreamDestroy -> cuStreamDestroy_v2 ...).
+// The hooks name every export exactly, so those macros would only get in the way.
 #pragma once
 
 #include <cuda.h>
@@ -21,5 +21,5 @@
 #undef cuCtxPopCurrent
 #undef cuDeviceTotalMem
 
-// The exported hooks: visible outside the library (exports.map lists them too).
+// The exported hooks: visible outside the library (shim/exports.map lists them too).
 #define CUDALLOC_EXPORT extern "C" __attribute__((visibility("default")))

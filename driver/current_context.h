@@ -2,7 +2,7 @@
 // context may be handled from a thread whose current context is another one).
 #pragma once
 
-#include "shim/driver_api.h"
+#include "driver/driver_api.h"
 
 namespace cudalloc::shim {
 

@@ -2,7 +2,7 @@
 //
 // The core never talks to CUDA. Two implementations exist: the simulated backend
 // (allocator/sim_backend.h: host memory, streams whose work runs later) used by every unit
-// test, replay and fuzzer, and the driver backend (shim/driver_backend.h) for real devices.
+// test, replay and fuzzer, and the driver backend (driver/driver_backend.h) for real devices.
 #pragma once
 
 #include <cstddef>

@@ -50,7 +50,7 @@
 
 namespace cudalloc {
 
-// Where pinned memory comes from: the driver (shim/host_backend.h) or a test's fake.
+// Where pinned memory comes from: the driver (driver/host_backend.h) or a test's fake.
 class HostBackend {
  public:
   virtual ~HostBackend() = default;

@@ -3,6 +3,9 @@
 //   pairs --async --vs-pool [--iters N] [--size BYTES] [--rounds R]
 //   pairs [--async] --threads-ab A,B [--iters N] [--rounds R] [--no-streams]
 //   pairs [--async] --threads-seq N [--iters N] [--rounds R] [--no-streams] [--private]
+//   pairs --short N [--size BYTES]
+//   pairs --short-threads T [--iters N] [--size BYTES]
+//   pairs --mix LIVE --vs-pool [--iters N]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own cost is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -20,6 +23,18 @@
 // are the pool, which checks that the two calls cost the same.
 // --threads-ab A,B runs the --threads loop with A threads, then B, alternating for R rounds in one
 // process, and gives each count's median and their ratio.
+// --short N times loops of N pairs counted from the very first pair of each size (the cache
+// starts empty for it: nothing warms it up), from 512 B to 1 GiB in powers of 4 (or --size),
+// on both paths, against the same loop on the driver's pool (cudaMallocFromPoolAsync on the
+// default pool, which cudalloc passes through) in this process: what a short-lived loop pays
+// for fresh segments and fences before any block comes back. One line per size and path, with
+// the first 10 pairs' and the whole loop's mean. Run one size per process (--size) for sizes
+// that must not find the previous size's memory.
+// --short-threads T runs T threads at once, each making a non-blocking stream and --iters
+// cudaMalloc pairs of --size bytes (default 64 KiB), then exiting, and the same with the
+// driver's pool on each thread's stream: pairs per second over the whole run, thread starts
+// and stream creations included.
+// --mix LIVE --vs-pool runs the mix on both of cudalloc's paths and on the driver's pool.
 // --threads-seq N runs N threads, each pinned to a vCPU of its own (one per physical core where
 // the topology says which vCPUs share one), one at a time and then all at once, alternating for R
 // rounds, and gives both rates and their ratio: thread scaling on the same vCPUs. With --private
@@ -97,6 +112,27 @@ static void release(void* p, bool async, cudaStream_t s) {
 
 constexpr int kWindow = 8;
 
+// The driver's pool, past cudalloc: cudaMallocFromPoolAsync on the device's default pool.
+static void* pool_alloc(size_t n, cudaStream_t s) {
+  static cudaMemPool_t pool = [] {
+    cudaMemPool_t p;
+    cudaDeviceGetDefaultMemPool(&p, 0);
+    return p;
+  }();
+  void* p = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync(&p, n, pool, s);
+  if (e != cudaSuccess) die(e, "cudaMallocFromPoolAsync");
+  return p;
+}
+
+// Which allocator a short loop, mix or short-lived thread runs on.
+enum class Path { kMalloc, kAsync, kPool };
+static const char* path_name(Path p) { return p == Path::kMalloc ? "cudaMalloc" : p == Path::kAsync ? "async" : "pool"; }
+static void* path_alloc(Path p, size_t n, cudaStream_t s) {
+  return p == Path::kPool ? pool_alloc(n, s) : alloc(n, p == Path::kAsync, s);
+}
+static void path_release(Path p, void* ptr, cudaStream_t s) { release(ptr, p != Path::kMalloc, s); }
+
 // A fixed piece of CPU work with no CUDA in it, timed around each --repeat timing: four
 // independent xorshift chains updating a 16 KiB table, so that it is bound by the core's
 // throughput, as an allocator's hot path is, and slows when the host runs another thread on
@@ -149,19 +185,20 @@ static void pairs(size_t size, bool async, int iters, int repeats) {
   if (s) cudaStreamDestroy(s);
 }
 
-static void mix(size_t max_live, bool async, int ops) {
+// `path` chooses the allocator; without --vs-pool it follows --async.
+static void mix(size_t max_live, bool async, int ops, Path path) {
   cudaStream_t s = nullptr;
-  if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (path != Path::kMalloc) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
   std::vector<void*> live;
   live.reserve(max_live);
   auto step = [&] {
     if (live.size() < max_live && (live.empty() || rng() % 2)) {
-      live.push_back(alloc(static_cast<size_t>(std::exp(logsize(rng))), async, s));
+      live.push_back(path_alloc(path, static_cast<size_t>(std::exp(logsize(rng))), s));
     } else {
       size_t i = rng() % live.size();
-      release(live[i], async, s);
+      path_release(path, live[i], s);
       live[i] = live.back();
       live.pop_back();
     }
@@ -174,9 +211,61 @@ static void mix(size_t max_live, bool async, int ops) {
     ns[i] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   }
   std::sort(ns.begin(), ns.end());
-  std::printf("mix live=%zu async=%d median_ns=%.0f p99_ns=%.0f\n", max_live, async, ns[ops / 2],
-              ns[static_cast<size_t>(ops * 0.99)]);
-  for (void* p : live) release(p, async, s);
+  double sum = 0;
+  for (double v : ns) sum += v;
+  std::printf("mix live=%zu async=%d%s median_ns=%.0f p99_ns=%.0f mean_ns=%.0f\n", max_live, async,
+              path == Path::kPool ? " pool=1" : "", ns[ops / 2], ns[static_cast<size_t>(ops * 0.99)], sum / ops);
+  for (void* p : live) path_release(path, p, s);
+  if (s) cudaStreamDestroy(s);
+}
+
+// --short: `n` pairs of one size from the first, on one path; the loop's mean and its first
+// 10 pairs' mean (the first is where a fresh segment is cut).
+static void short_loop(size_t size, int n, Path path, cudaStream_t s) {
+  constexpr int kFirst = 10;
+  const auto t0 = Clock::now();
+  Clock::time_point first_done = t0;
+  for (int i = 0; i < n; ++i) {
+    path_release(path, path_alloc(path, size, s), s);
+    if (i + 1 == kFirst) first_done = Clock::now();
+  }
+  const auto t1 = Clock::now();
+  const double all = std::chrono::duration<double, std::nano>(t1 - t0).count();
+  const double first = std::chrono::duration<double, std::nano>(first_done - t0).count();
+  std::printf("short size=%zu pairs=%d path=%s mean_ns=%.0f first10_mean_ns=%.0f\n", size, n, path_name(path),
+              all / n, n >= kFirst ? first / kFirst : 0.0);
+}
+
+static void short_loops(int n, size_t only_size) {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (size_t size = 512; size <= (size_t{1} << 30); size *= 4) {
+    if (only_size != 0 && size != only_size) continue;
+    for (Path p : {Path::kMalloc, Path::kAsync, Path::kPool}) short_loop(size, n, p, s);
+  }
+  cudaStreamDestroy(s);
+}
+
+// --short-threads: `n` threads started at once, each making a non-blocking stream and `iters`
+// pairs on `path`, then destroying the stream and exiting; pairs per second over the run.
+static double short_threads(int n, size_t size, int iters, Path path) {
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n; ++t) {
+    ts.emplace_back([&] {
+      while (!go) std::this_thread::yield();
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      for (int i = 0; i < iters; ++i) path_release(path, path_alloc(path, size, s), s);
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    });
+  }
+  const auto t0 = Clock::now();
+  go = true;
+  for (auto& t : ts) t.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  return n * iters / secs;
 }
 
 // --private: instead of pairs, work that shares nothing, as core_pairs' private_loop: per
@@ -442,6 +531,8 @@ int main(int argc, char** argv) {
   int ab_a = 0, ab_b = 0, rounds = 10;
   int seq_n = 0;  // --threads-seq N
   int only = 0;  // --vs-pool --only ours|pool: 1 or 2
+  int short_n = 0;  // --short N
+  int short_t = 0;  // --short-threads T
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -457,6 +548,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--threads-seq")) seq_n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--private")) g_private = true;
+    else if (!std::strcmp(argv[i], "--short")) short_n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--short-threads")) short_t = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--threads-ab")) {
       if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
         std::fprintf(stderr, "--threads-ab wants two thread counts, as 1,8\n");
@@ -471,7 +564,7 @@ int main(int argc, char** argv) {
     lookup("cuMemAllocAsync", &drv.alloc_async);
     lookup("cuMemFreeAsync", &drv.free_async);
   }
-  if (async) {  // a warm pool: keep freed memory cached in the driver's pool
+  if (async || against_pool || short_n > 0 || short_t > 0) {  // a warm pool: keep freed memory cached in the driver's pool
     cudaMemPool_t pool;
     cudaDeviceGetDefaultMemPool(&pool, 0);
     unsigned long long threshold = ~0ull;
@@ -515,7 +608,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--no-streams is for cudaMalloc pairs\n");
     return 2;
   }
-  if (against_pool && (!async || drv.on)) {
+  if (against_pool && live == 0 && (!async || drv.on)) {
     std::fprintf(stderr, "--vs-pool times runtime async pairs: give --async, not --driver\n");
     return 2;
   }
@@ -524,6 +617,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--private is for --threads-seq\n");
     return 2;
   }
+  if (short_n > 0) {
+    short_loops(short_n, only_size);
+    return 0;
+  }
+  if (short_t > 0) {
+    // Each side twice, alternating, so that neither alone meets the process's first threads.
+    for (int r = 0; r < 2; ++r) {
+      for (Path p : {Path::kMalloc, Path::kPool}) {
+        std::printf("short_threads threads=%d size=%zu pairs=%d path=%s round=%d pairs_per_s=%.0f\n", short_t,
+                    thread_size, iters, path_name(p), r, short_threads(short_t, thread_size, iters, p));
+      }
+    }
+    return 0;
+  }
   if (seq_n > 0) {
     return threads_seq(seq_n, thread_size, async, iters, streams, rounds);
   } else if (ab_a > 0) {
@@ -531,8 +638,10 @@ int main(int argc, char** argv) {
   } else if (nthreads > 0) {
     std::printf("threads=%d size=%zu async=%d pairs_per_s=%.0f\n", nthreads, thread_size, async,
                 threads(nthreads, thread_size, async, iters, streams));
+  } else if (live > 0 && against_pool) {
+    for (Path p : {Path::kMalloc, Path::kAsync, Path::kPool}) mix(live, p != Path::kMalloc, iters, p);
   } else if (live > 0) {
-    mix(live, async, iters);
+    mix(live, async, iters, async ? Path::kAsync : Path::kMalloc);
   } else {
     for (size_t size : {size_t{512}, size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{256} << 20}) {
       if (only_size != 0 && size != only_size) continue;

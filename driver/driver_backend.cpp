@@ -423,7 +423,7 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
     const bool whole_context = whole != nullptr;
     for (const Target& t : targets) {
       // The context's event covers its own streams. The primary context's covers its green
-      // contexts' too (documented, and probed on the H200 for a green non-blocking stream), but
+      // contexts' too (documented, and tests/gpu/ctx_event_probe checks a green stream), but
       // those keep events of their own: they are rare, and cost nothing where there are none.
       const bool own = t.in == nullptr && (t.info == nullptr || t.info->ctx == ctx_);
       if (whole_context && own) continue;
@@ -456,11 +456,10 @@ std::unique_ptr<Fence> DriverBackend::device_fence_now() {
 
 // One event for the work queued on every stream of the context, destroyed streams' included
 // (cuCtxRecordEvent, CUDA 12.5): one driver call where the per-stream fence makes one per
-// non-blocking stream and the legacy record. On an H200 (driver 580.159.04, bench/fence_calls)
-// it took 239 ns from one thread against 244 ns per stream query and 381 ns for the legacy
-// record, and 4.5 us against 44 us for the legacy record from 8 threads at once; and it waited
-// for the work of legacy, per-thread, blocking, non-blocking, destroyed and green contexts'
-// streams, graphs and host functions queued before it (tests/gpu/ctx_event_probe). Null, with
+// non-blocking stream and the legacy record, and it does not serialize threads the way the
+// legacy record does (bench/fence_calls measures both). It waits for the work of legacy,
+// per-thread, blocking, non-blocking, destroyed and green contexts' streams, graphs and host
+// functions queued before it (tests/gpu/ctx_event_probe checks each). Null, with
 // nothing recorded, where the driver lacks or refuses it: the per-stream fence is used from then
 // on.
 CUevent DriverBackend::record_context_event() {

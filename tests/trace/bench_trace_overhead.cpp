@@ -1,4 +1,4 @@
-// What tracing costs a cached allocate+free pair (issue 5: at most twice an untraced one).
+// What tracing costs a cached allocate+free pair (the target: at most twice an untraced one).
 // Prints ns per pair untraced, traced, traced with 8 stack frames, and the ratios. Exit status 1
 // when the plain traced pair costs more than 2x (only meaningful on an optimized build on a
 // quiet machine).

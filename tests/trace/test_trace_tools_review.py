@@ -75,7 +75,7 @@ class ReplayInput(unittest.TestCase):
         self.assertGreater(json.loads(out)["input"]["allocs"], 0)
 
     def test_non_utf8_command_line(self):
-        # Writers before cd1ca42 copied /proc/self/cmdline as is: here an argument in Latin-1.
+        # Older writers copied /proc/self/cmdline as is: here an argument in Latin-1.
         # Written into the header by hand, as the writer now replaces such bytes.
         raw = sample()
         at = raw.index(b"# cmdline=")

@@ -574,8 +574,8 @@ void TraceWriter::on_event(const AllocatorEvent& e) noexcept {
 
 // Only the first producer to find the writer asleep makes the system call: it clears the flag
 // before waking, and a futex_wait that has not started yet returns at once on the cleared flag.
-// (A wake per record, while the writer slept or had not yet run, cost a system call per
-// dropped record: ~800 ns a pair with a full lane.)
+// (A wake per record, while the writer slept or had not yet run, would cost a system call per
+// dropped record, several times the pair itself with a full lane.)
 void TraceWriter::wake_writer() noexcept {
   if (writer_sleeping_.load(std::memory_order_relaxed) != 0 &&
       writer_sleeping_.exchange(0, std::memory_order_acq_rel) != 0) {

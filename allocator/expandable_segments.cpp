@@ -63,11 +63,11 @@ Block* ExpandableSegments::grow(StreamHandle stream, std::size_t rounded, PoolKi
   s->chunks.emplace(u->ptr, need);
   segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
   ledger_.note_device_alloc(kind, stream, u->ptr, need);
-  mapped_at(s, u, need);
+  mapped_at(u, need);
   return blocks_.find(stream, rounded, kind);
 }
 
-void ExpandableSegments::mapped_at(Segment* /*s*/, Block* u, std::size_t bytes) {
+void ExpandableSegments::mapped_at(Block* u, std::size_t bytes) {
   blocks_.erase(u);
   if (u->size > bytes) blocks_.insert(FreeBlocks::split_at(u, bytes));
   u->mapped = true;
@@ -93,32 +93,15 @@ std::vector<ExpandableSegments::PageRun> ExpandableSegments::free_page_runs(cons
   return runs;
 }
 
-// Reserved memory follows live memory page by page: a request that finds no contiguous free
-// range gets the free pages of other blocks, wherever they lie, mapped side by side at the
-// growth point, and new memory only for what they cannot cover. A page moves only once the
-// device is done with its last block (UnmapClock); while the limit leaves room, pages the
-// device may still use are left alone and new memory is made instead of waiting.
-bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
+// The free pages to move for `pages` pages at the unmapped block `u`, into `take`, and the
+// claim for the rest, which is new memory. A page moves only once the device is done with its
+// last block (UnmapClock). Pages the device may still use are waited for only where new memory
+// would raise the peak or pass the limit: a drain of the device's queue at most once per new
+// peak, not a wait per growth. False, having claimed nothing, if the rest cannot be claimed.
+bool ExpandableSegments::choose_pages(const Block* u, std::size_t pages, std::vector<PageRun>& take,
+                                      std::size_t& have) {
   const std::size_t g = unit();
-  const std::size_t pages = need / g;
-  // Below the most ever held, new memory raises no peak and costs fewer calls than moving pages
-  // (each its own unmap and map); a program that cycles through the same shapes settles there.
-  if (segments_.bytes() + need <= high_water_ && ledger_.claim(need)) {
-    if (const Status st = backend_.map_pages(u->ptr, need, g); st != Status::kOk) {
-      ledger_.unclaim(need);
-      ledger_.note_device_error(st);
-      return false;
-    }
-    for (std::size_t i = 0; i < pages; ++i) s->chunks.emplace(u->ptr + i * g, g);
-    segments_.note_mapped(s, static_cast<std::ptrdiff_t>(need));
-    const DevicePtr at = u->ptr;
-    mapped_at(s, u, need);
-    ledger_.note_device_alloc(s->pool, s->stream, at, need);
-    return true;
-  }
-  std::vector<PageRun> runs = backend_.can_remap() ? free_page_runs(u->prev) : std::vector<PageRun>{};
-  std::vector<PageRun> take;
-  std::size_t have = 0;
+  const std::vector<PageRun> runs = backend_.can_remap() ? free_page_runs(u->prev) : std::vector<PageRun>{};
   const auto pick = [&](bool safe_ones) {
     for (const PageRun& r : runs) {
       if (have == pages) break;
@@ -128,32 +111,45 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
       have += n;
     }
   };
-  const auto any_unsafe = [&] {
-    return std::any_of(runs.begin(), runs.end(), [&](const PageRun& r) { return !clock_.safe(r.block->freed_era); });
-  };
   // Pages freed since the last fence get one now: a device that keeps up has passed it already.
-  if (any_unsafe()) clock_.close(backend_);
+  clock_.collect();
+  if (std::any_of(runs.begin(), runs.end(), [&](const PageRun& r) { return !clock_.safe(r.block->freed_era); })) {
+    clock_.close(backend_);
+    clock_.collect();
+  }
   pick(true);
   std::size_t fresh = pages - have;
-  // New memory past the most ever held would raise the peak, and past the limit it cannot be
-  // had: then pages the device may still use are waited for instead. That is a drain of the
-  // device's queue at most once per new peak, not a wait per growth.
   const bool raises_peak = segments_.bytes() + fresh * g > high_water_;
-  bool claimed = fresh == 0 || (!raises_peak && ledger_.claim(fresh * g));
-  if (!claimed) {
-    const std::size_t before = take.size();
-    pick(false);
-    UnmapClock::Era wait_for = 0;
-    for (std::size_t i = before; i < take.size(); ++i) wait_for = std::max(wait_for, take[i].block->freed_era);
-    if (wait_for != 0 && !clock_.safe(wait_for)) ++stats_.num_remap_waits;
-    if (wait_for != 0 && !clock_.wait(backend_, wait_for)) {
+  if (fresh == 0 || (!raises_peak && ledger_.claim(fresh * g))) return true;
+  const std::size_t before = take.size();
+  pick(false);
+  UnmapClock::Era wait_for = 0;
+  for (std::size_t i = before; i < take.size(); ++i) wait_for = std::max(wait_for, take[i].block->freed_era);
+  if (wait_for != 0) {
+    ++stats_.num_remap_waits;
+    if (!clock_.wait(backend_, wait_for)) {
       // The device cannot be waited for now: those pages stay where they are.
       for (std::size_t i = before; i < take.size(); ++i) have -= take[i].pages;
       take.resize(before);
     }
-    fresh = pages - have;
-    if (fresh > 0 && !ledger_.claim(fresh * g)) return false;
   }
+  fresh = pages - have;
+  return fresh == 0 || ledger_.claim(fresh * g);
+}
+
+// Reserved memory follows live memory page by page: a request that finds no contiguous free
+// range gets the free pages of other blocks, wherever they lie, mapped side by side at the
+// growth point, and new memory only for what they cannot cover.
+bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
+  const std::size_t g = unit();
+  const std::size_t pages = need / g;
+  std::vector<PageRun> take;
+  std::size_t have = 0;
+  // Below the most ever held, new memory raises no peak and costs fewer calls than moving pages
+  // (each its own unmap and map); a program that cycles through the same shapes settles there.
+  const bool below_peak = segments_.bytes() + need <= high_water_ && ledger_.claim(need);
+  if (!below_peak && !choose_pages(u, pages, take, have)) return false;
+  std::size_t fresh = pages - have;
   const DevicePtr fresh_at = u->ptr + have * g;
   if (fresh > 0) {
     if (const Status st = backend_.map_pages(fresh_at, fresh * g, g); st != Status::kOk) {
@@ -202,7 +198,7 @@ bool ExpandableSegments::stitch(Segment* s, Block* u, std::size_t need) {
     pages_left(t.block, t.first, t.pages);
     ledger_.note_pages_out(kind, stream, t.first, t.pages * g);
   }
-  mapped_at(s, u, need);
+  mapped_at(u, need);
   if (have > 0) ledger_.note_pages_in(s->pool, s->stream, at, have * g);
   if (fresh > 0) ledger_.note_device_alloc(s->pool, s->stream, at + have * g, fresh * g);
   high_water_ = std::max(high_water_, segments_.bytes());

@@ -96,12 +96,13 @@ class ExpandableSegments {
   // Maps `need` bytes at the start of the unmapped block `u` of `s`, taking as many pages as it
   // can from other free blocks and making the rest new. False, changing nothing, if it cannot.
   bool stitch(Segment* s, Block* u, std::size_t need);
+  bool choose_pages(const Block* u, std::size_t pages, std::vector<PageRun>& take, std::size_t& have);
   // Turns the pages [first, first + n granules) of the free mapped block `b` into unmapped
   // address space, their physical pages having moved away.
   void pages_left(Block* b, DevicePtr first, std::size_t n);
-  // Marks `bytes` at the start of the unmapped block `u` of `s` as mapped, joined to the free
-  // block before it.
-  void mapped_at(Segment* s, Block* u, std::size_t bytes);
+  // Marks `bytes` at the start of the unmapped block `u` as mapped, joined to the free block
+  // before it.
+  void mapped_at(Block* u, std::size_t bytes);
 
   SegmentBackend& backend_;
   SegmentTable& segments_;

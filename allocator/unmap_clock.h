@@ -23,12 +23,16 @@ class UnmapClock {
   Era now() const { return now_; }
   // Notes that a block was stamped with now(): the era needs a fence before it is safe.
   void stamped() { dirty_ = true; }
-  // Whether a block stamped `era` has no device work left on it, as far as is known without
-  // waiting.
-  bool safe(Era era) {
-    collect();
-    return era <= safe_;
+  // Learns which fences have completed, without waiting: one query per pending fence, so
+  // callers ask once and then compare eras with safe().
+  void collect() {
+    while (!fences_.empty() && fences_.front().second->done()) {
+      safe_ = fences_.front().first;
+      fences_.pop_front();
+    }
   }
+  // Whether a block stamped `era` had no device work left on it at the last collect().
+  bool safe(Era era) const { return era <= safe_; }
   // Closes the current era with a device fence, if anything was stamped in it.
   void close(SegmentBackend& backend) {
     if (!dirty_) return;
@@ -39,6 +43,7 @@ class UnmapClock {
   // Waits until `era` is safe, closing it first if it is the current one. False if the
   // device cannot be waited for now (a capture).
   bool wait(SegmentBackend& backend, Era era) {
+    collect();
     if (safe(era)) return true;
     if (era >= now_) close(backend);
     while (!fences_.empty() && safe_ < era) {
@@ -57,13 +62,6 @@ class UnmapClock {
   }
 
  private:
-  void collect() {
-    while (!fences_.empty() && fences_.front().second->done()) {
-      safe_ = fences_.front().first;
-      fences_.pop_front();
-    }
-  }
-
   Era now_ = 1;
   Era safe_ = 0;
   bool dirty_ = false;

@@ -74,6 +74,12 @@ void MemoryStats::reset_peaks() {
   }
 }
 
+void MemoryStats::forget_held() {
+  for (const auto& named : kArrays) const_cast<StatArray&>(this->*named.array) = StatArray{};
+  oversize_allocations = 0;
+  oversize_segments = 0;
+}
+
 std::string format_bytes(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   double value = static_cast<double>(bytes);

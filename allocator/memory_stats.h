@@ -71,6 +71,9 @@ struct MemoryStats {
   // Keys as torch.cuda.memory_stats(): "allocated_bytes.all.current" and so on.
   std::map<std::string, std::int64_t> to_map() const;
   void reset_peaks();
+  // What is held falls to zero (the arrays, the oversize counts); the counts of what happened
+  // (the num_* fields) stay.
+  void forget_held();
 };
 
 // A torch.cuda.memory_summary()-style table.

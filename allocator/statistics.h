@@ -35,20 +35,7 @@ class Statistics {
 
   // The context went, and its memory with it (forget_all): what is held falls to zero, the
   // counts of what happened stay.
-  void forget_memory() {
-    MemoryStats fresh;
-    fresh.num_alloc_retries = totals.num_alloc_retries;
-    fresh.num_ooms = totals.num_ooms;
-    fresh.num_pending_waits = totals.num_pending_waits;
-    fresh.num_device_alloc = totals.num_device_alloc;
-    fresh.num_device_free = totals.num_device_free;
-    fresh.num_cache_hits = totals.num_cache_hits;
-    fresh.num_cache_misses = totals.num_cache_misses;
-    fresh.num_locked_allocs = totals.num_locked_allocs;
-    fresh.num_locked_frees = totals.num_locked_frees;
-    fresh.num_bridged_allocs = totals.num_bridged_allocs;
-    totals = fresh;
-  }
+  void forget_memory() { totals.forget_held(); }
 };
 
 }  // namespace cudalloc

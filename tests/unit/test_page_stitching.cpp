@@ -77,6 +77,7 @@ TEST_CASE("a growth takes the free pages of holes instead of new memory") {
   CHECK(f.sim.used_bytes() == static_cast<std::size_t>(before));
   CHECK(f.sim.remapped_pages() == 8);
   CHECK(f.stat("num_remapped_pages") == 8);
+  CHECK(f.stat("num_remaps") == 1);
   fill(e, 16 * kMiB, 0xe);
   // The live blocks kept their contents, and each page of every block is its own.
   CHECK(holds(b, 8 * kMiB, 0xb));
@@ -90,6 +91,11 @@ TEST_CASE("a growth takes the free pages of holes instead of new memory") {
   // The holes are address space again: nothing there is accessible.
   CHECK_FALSE(f.sim.is_accessible(a, kPage));
   CHECK_FALSE(f.sim.is_accessible(c, kPage));
+  // A context that goes takes its memory, not the counts of what happened.
+  f.alloc->forget_all();
+  CHECK(f.reserved() == 0);
+  CHECK(f.stat("num_remaps") == 1);
+  CHECK(f.stat("num_remapped_pages") == 8);
 }
 
 TEST_CASE("pages of several granules move whole") {

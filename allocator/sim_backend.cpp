@@ -262,14 +262,13 @@ Status SimBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, std::
   if (from.empty() || to % options_.vm_granularity != 0 || !free_address_range(to, from.size() * g)) {
     return Status::kInvalidValue;
   }
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    auto it = mappings_.find(from[i]);
+  for (DevicePtr p : from) {
+    auto it = mappings_.find(p);
     if (it == mappings_.end() || it->second.bytes != g) return Status::kInvalidValue;
-    if (std::find(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(i), from[i]) !=
-        from.begin() + static_cast<std::ptrdiff_t>(i)) {
-      return Status::kInvalidValue;
-    }
   }
+  std::vector<DevicePtr> sorted(from);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return Status::kInvalidValue;  // a page twice
   if (should_fail(SimOp::kRemap)) return Status::kBackendError;  // nothing moved
   for (std::size_t i = 0; i < from.size(); ++i) {
     const DevicePtr src = from[i];

@@ -11,6 +11,7 @@
 
 #include "shim/hooks.h"
 #include "shim/runtime.h"
+#include "support/log.h"
 #include "support/real_dlsym.h"
 
 namespace cudalloc::shim {
@@ -62,6 +63,15 @@ void* substitute_with(const DriverApi& d, void* real) {
 
 void* substitute(void* real) { return substitute_with(driver(), real); }
 
+namespace {
+// At CUDALLOC_LOG_LEVEL=debug, every driver lookup a program makes and whether it met a hook:
+// the way to see why a program's allocations are not served.
+void log_lookup(const char* how, const char* symbol, int version, cuuint64_t flags, void* real, void* given) {
+  log_debug("%s %s (version %d, flags %llu): %s", how, symbol == nullptr ? "(null)" : symbol, version,
+            static_cast<unsigned long long>(flags), real == nullptr ? "not found" : given != real ? "hooked" : "passed");
+}
+}  // namespace
+
 void* substitute_if_loaded(void* real) {
   if (real == nullptr) return real;
   // Only once libcuda is loaded: a lookup in some other library must not load the driver.
@@ -87,7 +97,11 @@ CUDALLOC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int
   const DriverApi& d = driver();
   if (d.cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;
   const CUresult r = d.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute_with(d, *pfn);
+  if (r == CUDA_SUCCESS && pfn != nullptr) {
+    void* real = *pfn;
+    *pfn = substitute_with(d, real);
+    log_lookup("cuGetProcAddress_v2", symbol, version, flags, real, *pfn);
+  }
   return r;
 }
 
@@ -96,6 +110,10 @@ CUDALLOC_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int ve
   const DriverApi& d = driver();
   if (d.cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_FOUND;
   const CUresult r = d.cuGetProcAddress(symbol, pfn, version, flags);
-  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute_with(d, *pfn);
+  if (r == CUDA_SUCCESS && pfn != nullptr) {
+    void* real = *pfn;
+    *pfn = substitute_with(d, real);
+    log_lookup("cuGetProcAddress", symbol, version, flags, real, *pfn);
+  }
   return r;
 }

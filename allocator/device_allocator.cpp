@@ -136,7 +136,15 @@ MemoryStats DeviceAllocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
   m.stats.merge(m.caches);
-  return m.stats.totals;
+  MemoryStats out = m.stats.totals;
+  for (const auto& cache : m.caches) {
+    std::lock_guard cache_lock(cache->lock);
+    const auto held = static_cast<std::int64_t>(cache->held_bytes());
+    ++out.thread_caches;
+    out.thread_cache_bytes += held;
+    out.thread_cache_max_bytes = std::max(out.thread_cache_max_bytes, held);
+  }
+  return out;
 }
 
 void DeviceAllocator::reset_peak_stats() {

@@ -131,6 +131,8 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   ThreadCache* find_local_cache();
   // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
   void drain_own();
+  std::size_t release_passed_batches(ThreadCache& cache);
+  bool release_all_passed_batches();
   // Only its large bins (a large miss: small blocks cannot serve it).
   void drain_own_large();
   void drain_all(Drain what);

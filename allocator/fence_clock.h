@@ -46,6 +46,22 @@ class FenceClock {
     return passed_now(ticket, /*wait=*/true);
   }
 
+  // Waits until every batch up to `ticket` is past its fence, recording one if none covers it:
+  // for a caller that holds all it may and would otherwise cut new memory.
+  void wait_passed(std::uint64_t ticket, SegmentBackend& backend) {
+    if (passed(ticket, backend)) return;
+    for (;;) {
+      std::shared_ptr<Fence> oldest;
+      {
+        std::lock_guard lock(lock_);
+        if (known_past(ticket) || recorded_.empty()) return;
+        oldest = recorded_.front().fence;
+      }
+      oldest->wait();
+      retire_done(ticket, /*wait=*/true);
+    }
+  }
+
   // passed() for a caller that has something better to do than wait while another thread
   // records the fence that will cover `ticket`: kBusy then. (A recording is the long wait:
   // under many threads of cudaMalloc pairs, each on a stream of its own, fences are recorded

@@ -121,6 +121,7 @@ Status Impl::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, Ca
       ++stats.totals.num_pending_waits;
       b = blocks.find(stream, rounded, kind);
     }
+    if (b == nullptr && kind == PoolKind::kLarge && release_all_passed_batches()) b = blocks.find(stream, rounded, kind);
     if (b == nullptr) b = adopt_idle_segment(stream, rounded, kind);
     if (b == nullptr) {
       hit = CacheHit::kMiss;

@@ -64,6 +64,9 @@ std::map<std::string, std::int64_t> MemoryStats::to_map() const {
   out["num_remap_waits"] = num_remap_waits;
   out["oversize_allocations.current"] = oversize_allocations;
   out["oversize_segments.current"] = oversize_segments;
+  out["thread_caches.current"] = thread_caches;
+  out["thread_cache_bytes.current"] = thread_cache_bytes;
+  out["thread_cache_bytes.max_thread"] = thread_cache_max_bytes;
   return out;
 }
 
@@ -154,6 +157,13 @@ std::string format_memory_summary(const MemoryStats& s, int device, std::size_t 
                 static_cast<long long>(s.num_locked_allocs), static_cast<long long>(s.num_bridged_allocs),
                 static_cast<long long>(s.num_locked_frees));
   row(pad(line, 77));
+  if (s.thread_caches != 0) {
+    std::snprintf(line, sizeof line, " thread caches: %lld threads hold %s (one thread at most %s)",
+                  static_cast<long long>(s.thread_caches),
+                  format_bytes(static_cast<std::uint64_t>(s.thread_cache_bytes)).c_str(),
+                  format_bytes(static_cast<std::uint64_t>(s.thread_cache_max_bytes)).c_str());
+    row(pad(line, 77));
+  }
   if (s.num_remaps != 0) {
     std::snprintf(line, sizeof line, " page stitching: %lld growths took %lld free pages, %lld waited",
                   static_cast<long long>(s.num_remaps), static_cast<long long>(s.num_remapped_pages),

@@ -67,6 +67,12 @@ struct MemoryStats {
   std::int64_t num_remap_waits = 0;  // growths that waited for the device to free pages to move
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
+  // What the threads' caches hold out of the pools (blocks in their bins, and cudaFree'd blocks
+  // waiting in their batches), read when the statistics are taken: how many threads have a
+  // cache, their bytes together, and the most one thread holds.
+  std::int64_t thread_caches = 0;
+  std::int64_t thread_cache_bytes = 0;
+  std::int64_t thread_cache_max_bytes = 0;
 
   // Keys as torch.cuda.memory_stats(): "allocated_bytes.all.current" and so on.
   std::map<std::string, std::int64_t> to_map() const;

@@ -40,15 +40,22 @@ class ThreadCache {
  public:
   static constexpr std::size_t kBins = 32;
   static constexpr std::size_t kDepth = 64;
-  // Deferred frees are fenced in batches of this many blocks (or bytes), so the cost of a
-  // device fence (events on the legacy stream and on each busy one, then a query: microseconds
+  // Deferred frees are fenced in batches of at most this many blocks (or bytes), so the cost of
+  // a device fence (events on the legacy stream and on each busy one, then a query: microseconds
   // of driver calls) is shared. A thread that allocates and frees in a loop has one batch
   // outstanding at a time, so this is also the number of pairs per fence. A batch refills a bin
-  // kDepth blocks at a time.
+  // kDepth blocks at a time. A thread's batches start smaller (batch_due) and grow to these.
   static constexpr std::size_t kBatchBlocks = 256;
   static constexpr std::size_t kBatchBytes = 16 * kMiB;
-  // Past this many closed batches the owner hands the older ones to the device allocator.
-  // (Deferred frees never pile up past a batch: one is closed at kBatchBlocks.)
+  // A thread's first batches close at these, half a small segment's bytes, so that the first
+  // closes before the segment it is cut from runs out; they double after kGrowAfter batches
+  // closed at a size, up to kBatchBlocks and kBatchBytes.
+  static constexpr std::size_t kFirstBatchBlocks = 32;
+  static constexpr std::size_t kFirstBatchBytes = kSmallBuffer / 2;
+  static constexpr std::size_t kGrowAfter = 8;
+  // Past this many full batches' worth of blocks in closed batches the owner hands the older
+  // ones to the device allocator. (Deferred frees never pile up past a batch: one is closed at
+  // kBatchBlocks.)
   static constexpr std::size_t kMaxBatches = 8;
   // Large bins: a loop needs one block per size it cycles through, a double buffer two.
   static constexpr std::size_t kLargeBins = 8;
@@ -58,8 +65,9 @@ class ThreadCache {
   // A thread holds at most this much of cudaFree'd large blocks deferred or in batches: a loop
   // needs a few batches in flight, since the one just closed is seldom past its fence by the
   // next allocation. (They close a batch at free_epoch_mb, as the allocator's epoch does, or
-  // at a quarter of this: batch_due.)
-  static constexpr std::size_t kLargeHeldBytes = kLargeBytes;
+  // at a quarter of this: batch_due.) Every block held here is one the thread would otherwise
+  // free and take back under the device lock, each time behind a fence of its own.
+  static constexpr std::size_t kLargeHeldBytes = 4 * kLargeBytes;
   // Once a cudaFree'd large block finds the device lock taken, the thread's next this many such
   // frees skip the lock too, so that under contention it keeps a pipeline of them (its large
   // misses refill from it) rather than send every other one through the lock (deferring only
@@ -166,7 +174,13 @@ class ThreadCache {
     }
   }
   // Whether a cudaFree'd large block of `size` may wait here.
-  bool may_defer_large(std::size_t size) const { return held_large_bytes_ + size <= kLargeHeldBytes; }
+  // `bound`: kLargeHeldBytes, or less where max_pending_mb is less (large_hold_bound).
+  bool may_defer_large(std::size_t size, std::size_t bound = kLargeHeldBytes) const {
+    return held_large_bytes_ + size <= bound;
+  }
+  static std::size_t large_hold_bound(std::size_t max_pending_bytes) {
+    return max_pending_bytes == 0 ? kLargeHeldBytes : std::min(kLargeHeldBytes, max_pending_bytes);
+  }
   bool holds_large_pending() const { return held_large_bytes_ != 0; }
   bool holds_large_deferred() const { return deferred_large_bytes_ != 0; }
   // The run of large frees that skip the device lock (kLargeDeferRun). Owner thread only.
@@ -195,11 +209,12 @@ class ThreadCache {
   // kLargeHeldBytes so that several batches fit under it: a bound past it would leave them
   // unfenced, with no batch to refill from.
   bool batch_due(std::size_t large_bytes) const {
-    return deferred_.size() >= kBatchBlocks || deferred_bytes_ >= kBatchBytes ||
+    return deferred_.size() >= batch_blocks_ || deferred_bytes_ >= batch_bytes_ ||
            (deferred_large_bytes_ != 0 && deferred_large_bytes_ >= std::min(large_bytes, kLargeHeldBytes / 4));
   }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {
+    if (++closed_at_size_ >= kGrowAfter) grow_batches();
     batches_.push_back(Batch{ticket, std::move(deferred_)});
     deferred_ = {};
     deferred_.reserve(kBatchBlocks);  // the hot path defers only in place (defer_in_place)
@@ -207,6 +222,43 @@ class ThreadCache {
     deferred_large_bytes_ = 0;
   }
   std::deque<Batch>& batches() { return batches_; }
+  // Whether the closed batches hold more than kMaxBatches full batches' worth of blocks.
+  bool batches_overflow() const {
+    std::size_t n = 0;
+    for (const Batch& b : batches_) n += b.blocks.size();
+    return n > kMaxBatches * kBatchBlocks;
+  }
+  // Each block of a batch is one the thread first took from the pools (its batches are in
+  // flight while the next one fills), so a thread's first batches are small: a short loop or a
+  // short-lived thread cycles after a few dozen pairs, on memory it cut itself, instead of
+  // cutting a whole batch's worth of new segments first. A thread that keeps cycling earns
+  // larger batches, and fewer fences per pair; so does one whose oldest batch is found short
+  // of its fence (batch_lagged): fences then need more time than a batch gives them.
+  void batch_lagged() { grow_batches(); }
+  // The rounded size of this thread's last cudaFree'd large block: a thread that frees the same
+  // large size again cycles it (a workspace, a staging buffer), and such frees wait in its
+  // batches (Impl::free_large_deferred). Owner thread only.
+  bool cycles_large(std::size_t size) {
+    const bool again = last_large_free_ == size;
+    last_large_free_ = size;
+    return again;
+  }
+  // What the thread holds out of the pools: blocks in its bins, deferred and in batches.
+  // Under the lock; walks what it counts (for the statistics, not the hot path).
+  std::size_t held_bytes() const {
+    std::size_t sum = 0;
+    for (const auto& bin : bins_) {
+      for (std::size_t i = 0; i < bin.count; ++i) sum += bin.blocks[i]->size;
+    }
+    for (const auto& bin : large_bins_) {
+      for (std::size_t i = 0; i < bin.count; ++i) sum += bin.blocks[i]->size;
+    }
+    for (const Block* b : deferred_) sum += b->size;
+    for (const Batch& batch : batches_) {
+      for (const Block* b : batch.blocks) sum += b->size;
+    }
+    return sum;
+  }
   // Blocks that became reusable but found no room in the bins: the allocator takes them.
   std::vector<Block*>& spill() { return spill_; }
 
@@ -229,8 +281,15 @@ class ThreadCache {
   // made by an operation still under way (or one the reading core has not seen yet, nanoseconds
   // after it) is folded at the next fold, so a peak taken meanwhile may count it a little late.
   bool changed() const { return changed_.load(std::memory_order_acquire); }
+  // A miss that waited for this thread's oldest batch (num_pending_waits).
+  void note_pending_wait() {
+    mark_changed();
+    ++pending_waits_;
+  }
   void fold_into(MemoryStats& totals) {
     changed_.store(false, std::memory_order_relaxed);
+    totals.num_pending_waits += pending_waits_;
+    pending_waits_ = 0;
     if (delta_.empty() && hits_ == 0) return;
     delta_.fold_into(totals);
     totals.num_cache_hits += hits_;
@@ -240,6 +299,7 @@ class ThreadCache {
     changed_.store(false, std::memory_order_relaxed);
     delta_ = HotStats{};
     hits_ = 0;
+    pending_waits_ = 0;
   }
   // Blocks this thread took from the pools while another thread was recording the fence of
   // its next batch (allocate_missed's bridge), and their bytes: each deepens its pipeline
@@ -300,6 +360,15 @@ class ThreadCache {
   std::size_t deferred_large_bytes_ = 0;  // large blocks'
   std::size_t held_large_bytes_ = 0;      // large blocks' in deferred_ and batches_
   std::uint32_t large_defer_run_ = 0;
+  void grow_batches() {
+    batch_blocks_ = std::min(batch_blocks_ * 2, kBatchBlocks);
+    batch_bytes_ = std::min(batch_bytes_ * 2, kBatchBytes);
+    closed_at_size_ = 0;
+  }
+  std::size_t batch_blocks_ = kFirstBatchBlocks;
+  std::size_t batch_bytes_ = kFirstBatchBytes;
+  std::size_t closed_at_size_ = 0;
+  std::size_t last_large_free_ = 0;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
   // Under the lock; the load first keeps a hot path that changes the delta every operation from
@@ -309,6 +378,7 @@ class ThreadCache {
   }
   HotStats delta_;
   std::int64_t hits_ = 0;
+  std::int64_t pending_waits_ = 0;
   std::size_t bridged_ = 0;  // see may_bridge
   std::size_t bridged_bytes_ = 0;
   // Last, and aligned, so on a line of its own: other threads read it on every locked

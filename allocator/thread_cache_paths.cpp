@@ -190,11 +190,17 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   ThreadCache::Batch& batch = batches.front();
   if (!batch.passed) {
     if (busy == BusyFence::kWait) {
-      if (!batch_fences.passed(batch.ticket, backend)) return Refill::kNone;
+      if (!batch_fences.passed(batch.ticket, backend)) {
+        cache.batch_lagged();
+        return Refill::kNone;
+      }
     } else {
       const FenceClock::Answer answer = batch_fences.try_passed(batch.ticket, backend);
       if (answer == FenceClock::Answer::kBusy) return Refill::kBusy;
-      if (answer == FenceClock::Answer::kNotYet) return Refill::kNone;
+      if (answer == FenceClock::Answer::kNotYet) {
+        cache.batch_lagged();
+        return Refill::kNone;
+      }
     }
   }
   batch.passed = true;
@@ -221,8 +227,53 @@ void Impl::drain_all(Drain what) {
   for (auto& cache : caches) drain(*cache, what);
 }
 
+// A small miss before new memory is cut: the thread's bins, its spill and its batches known
+// past their fences go back to the pools; its deferred frees and the batches still waiting stay.
+// Handed to the allocator's epoch, they would wait there until it holds free_epoch_mb (or
+// memory is short): a loop of blocks of which a segment holds fewer than a batch then never
+// closed a batch of its own, and cut new segments under the device lock for every pair until
+// the epoch filled.
 void Impl::drain_own() {
-  if (ThreadCache* own = find_local_cache()) drain(*own, Drain::kWithBins);
+  ThreadCache* own = find_local_cache();
+  if (own == nullptr) return;
+  ThreadCache& cache = *own;
+  std::lock_guard lock(cache.lock);
+  stats.fold(cache);
+  for (Block* b : cache.spill()) blocks.make_reusable(b);
+  cache.spill().clear();
+  release_passed_batches(cache);
+  cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
+  cache.reset_bridges();
+}
+
+// Under the cache's lock: its batches known past their fences go back to the pools.
+std::size_t Impl::release_passed_batches(ThreadCache& cache) {
+  std::size_t released = 0;
+  auto& batches = cache.batches();
+  while (!batches.empty() && (batches.front().passed || batch_fences.passed_now(batches.front().ticket))) {
+    for (Block* b : batches.front().blocks) {
+      cache.left_batches(b);
+      release_block(b);
+    }
+    released += batches.front().blocks.size();
+    batches.pop_front();
+  }
+  return released;
+}
+
+// A large miss about to cut new memory: every thread's batches past their fences go back to the
+// pools first. A thread that cycles a large size keeps its frees in its batches, and a thread
+// that frees what another allocates (a producer and a consumer) would otherwise leave the
+// consumer to cut new memory while the producer's blocks sit idle.
+bool Impl::release_all_passed_batches() {
+  std::size_t released = 0;
+  for (auto& cache : caches) {
+    std::lock_guard lock(cache->lock);
+    if (!cache->holds_large_pending()) continue;
+    stats.fold(*cache);
+    released += release_passed_batches(*cache);
+  }
+  return released != 0;
 }
 
 void Impl::drain_own_large() {
@@ -291,12 +342,19 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
         bridge = Bridge::kYes;
         cache.note_bridge(rounded);
       }
-    } else if (b == nullptr && cache.holds_large_pending() &&
-               refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) {
+    } else if (b == nullptr && cache.holds_large_pending()) {
       // cudaFree'd large blocks (free_large_deferred) come back the same way. A fence that
       // another thread is recording is waited for (no bridge): what a large miss takes from the
-      // pools is mostly new memory.
-      b = cache.pop(stream, rounded);
+      // pools is mostly new memory. A thread that holds all it may waits for its oldest batch
+      // rather than cut more: a program far ahead of the device stays within the bound.
+      Refill r = refill(cache, stream, rounded, BusyFence::kWait);
+      if (r == Refill::kNone && !cache.batches().empty() &&
+          !cache.may_defer_large(rounded, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
+        batch_fences.wait_passed(cache.batches().front().ticket, backend);
+        cache.note_pending_wait();
+        r = refill(cache, stream, rounded, BusyFence::kWait);
+      }
+      if (r == Refill::kDone) b = cache.pop(stream, rounded);
     }
     if (b != nullptr) {
       count_hit(*this, cache, b, bytes);
@@ -453,9 +511,19 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // one thread alone.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, CallKind call,
                                                    Locality locality) {
+  // A thread freeing the large size it freed last cycles it: its frees wait in its batches
+  // (within kLargeHeldBytes) and its next allocation of that size refills from them without
+  // the device lock, one fence serving a batch of them. Otherwise each pair took the lock
+  // twice, and a block that the pool would split for the next request closed the epoch, a
+  // fence per pair (reach_epoch). Other large frees keep the epoch's coalescing and best fit.
+  bool cycles = false;
+  {
+    std::lock_guard lock(cache.lock);
+    cycles = cache.cycles_large(b->size);
+  }
   if (cache.in_large_defer_run()) {
     cache.step_large_defer_run();
-  } else {
+  } else if (!cycles) {
     if (mutex.try_lock()) {
       std::lock_guard lock(mutex, std::adopt_lock);
       free(b, FreeOrder::kDevice, stream, call);
@@ -464,8 +532,10 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
     cache.start_large_defer_run();
   }
   std::unique_lock<SpinLock> held(cache.lock);
-  const bool whole = parks_large(b, true);
-  if (!whole || !cache.may_defer_large(b->size)) {
+  // A split block of a size the thread cycles waits too: it comes back to this thread's large
+  // bins (refill), and to the pools when its next large miss drains them.
+  const bool whole = parks_large(b, true) || (cycles && !b->segment->expandable);
+  if (!whole || !cache.may_defer_large(b->size, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
     // Past the bound, what waits unfenced is fenced now: no later large free of this thread
     // closes its batch while the bound holds.
     const bool fence_waiting = whole && cache.holds_large_deferred();
@@ -505,7 +575,7 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
       ticket = batch_fences.stamp();
       cache.close_batch(ticket);
     }
-    hand_over = cache.batches().size() > ThreadCache::kMaxBatches;
+    hand_over = cache.batches_overflow();
   }
   if (ticket != 0) batch_fences.cover(ticket, backend);
   if (!hand_over) return Status::kOk;

@@ -622,13 +622,19 @@ TEST_CASE("with blocking streams only, cudaFree'd blocks come back at once and t
   REQUIRE(c.api.cuCtxSynchronize() == CUDA_SUCCESS);
   CUstream old_owner = make_stream(c, 0);
   // Four blocks fill a 64 MiB epoch; each gets a write that runs 50 ms after the one before.
+  // They are taken on another thread: this thread's frees of them then go to the allocator's
+  // epoch (a thread that frees large blocks it took itself keeps them in its own batches).
   std::set<CUdeviceptr> freed;
-  for (int i = 0; i < 4; ++i) {
-    CUdeviceptr p = 0;
-    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
-    REQUIRE(c.launch_write(old_owner, p, n, 0xAA, 50000) == CUDA_SUCCESS);
-    freed.insert(p);
-  }
+  std::thread taker([&] {
+    REQUIRE(c.api.cuCtxSetCurrent(c.ctx) == CUDA_SUCCESS);
+    for (int i = 0; i < 4; ++i) {
+      CUdeviceptr p = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+      freed.insert(p);
+    }
+  });
+  taker.join();
+  for (CUdeviceptr p : freed) REQUIRE(c.launch_write(old_owner, p, n, 0xAA, 50000) == CUDA_SUCCESS);
   for (CUdeviceptr p : freed) REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   CUevent late_done = nullptr;
   REQUIRE(c.api.cuEventCreate(&late_done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);

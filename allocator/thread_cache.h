@@ -235,13 +235,27 @@ class ThreadCache {
   // larger batches, and fewer fences per pair; so does one whose oldest batch is found short
   // of its fence (batch_lagged): fences then need more time than a batch gives them.
   void batch_lagged() { grow_batches(); }
-  // The rounded size of this thread's last cudaFree'd large block: a thread that frees the same
-  // large size again cycles it (a workspace, a staging buffer), and such frees wait in its
-  // batches (Impl::free_large_deferred). Owner thread only.
-  bool cycles_large(std::size_t size) {
-    const bool again = last_large_free_ == size;
+  // Whether this cudaFree'd large block (of `size` bytes at `ptr`) is one of a size the thread
+  // cycles (a workspace, a staging buffer), whose frees wait in its batches
+  // (Impl::free_large_deferred). kSameSize: the thread freed that size last (a whole segment,
+  // which no neighbour could coalesce with). kSameBlock, for a block split from a larger
+  // segment: the thread freed this very block at least twice in a row before (it got it back
+  // each time), and it cycles the size until it frees another large size. Holding split blocks
+  // of every repeated size kept them from coalescing, and replays of training steps as
+  // cudaMalloc/cudaFree used their memory worse. Owner thread only.
+  enum class Cycle : bool { kSameSize, kSameBlock };
+  bool cycles_large(DevicePtr ptr, std::size_t size, Cycle rule) {
+    if (size != last_large_free_) {
+      cycling_large_ = false;
+      same_block_frees_ = 0;
+    } else if (ptr == last_large_ptr_) {
+      ++same_block_frees_;
+    }
+    const bool same_size = size == last_large_free_;
     last_large_free_ = size;
-    return again;
+    last_large_ptr_ = ptr;
+    if (same_block_frees_ >= 2) cycling_large_ = true;
+    return rule == Cycle::kSameSize ? same_size : cycling_large_;
   }
   // What the thread holds out of the pools: blocks in its bins, deferred and in batches.
   // Under the lock; walks what it counts (for the statistics, not the hot path).
@@ -369,6 +383,9 @@ class ThreadCache {
   std::size_t batch_bytes_ = kFirstBatchBytes;
   std::size_t closed_at_size_ = 0;
   std::size_t last_large_free_ = 0;
+  DevicePtr last_large_ptr_ = 0;
+  std::uint32_t same_block_frees_ = 0;
+  bool cycling_large_ = false;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
   // Under the lock; the load first keeps a hot path that changes the delta every operation from

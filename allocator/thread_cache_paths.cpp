@@ -511,15 +511,17 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
 // one thread alone.
 CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache, StreamHandle stream, CallKind call,
                                                    Locality locality) {
-  // A thread freeing the large size it freed last cycles it: its frees wait in its batches
-  // (within kLargeHeldBytes) and its next allocation of that size refills from them without
-  // the device lock, one fence serving a batch of them. Otherwise each pair took the lock
-  // twice, and a block that the pool would split for the next request closed the epoch, a
-  // fence per pair (reach_epoch). Other large frees keep the epoch's coalescing and best fit.
+  // A thread that cycles a large size keeps its frees of it in its batches (within
+  // kLargeHeldBytes), and its next allocation of that size refills from them without the device
+  // lock, one fence serving a batch of them. Otherwise each pair took the lock twice, and a
+  // block that the pool would split for the next request closed the epoch, a fence per pair
+  // (reach_epoch). Other large frees keep the epoch's coalescing and best fit.
+  const bool whole_segment = parks_large(b, true);
   bool cycles = false;
   {
     std::lock_guard lock(cache.lock);
-    cycles = cache.cycles_large(b->size);
+    cycles = cache.cycles_large(b->ptr, b->size, whole_segment ? ThreadCache::Cycle::kSameSize
+                                                               : ThreadCache::Cycle::kSameBlock);
   }
   if (cache.in_large_defer_run()) {
     cache.step_large_defer_run();
@@ -534,7 +536,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
   std::unique_lock<SpinLock> held(cache.lock);
   // A split block of a size the thread cycles waits too: it comes back to this thread's large
   // bins (refill), and to the pools when its next large miss drains them.
-  const bool whole = parks_large(b, true) || (cycles && !b->segment->expandable);
+  const bool whole = whole_segment || (cycles && !b->segment->expandable);
   if (!whole || !cache.may_defer_large(b->size, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
     // Past the bound, what waits unfenced is fenced now: no later large free of this thread
     // closes its batch while the bound holds.

@@ -2055,3 +2055,19 @@ TEST_CASE("the statistics say what the threads' caches hold, and a thread's cuda
   s = f.alloc.stats();
   CHECK(s.thread_cache_bytes == 0);
 }
+
+TEST_CASE("a thread that keeps getting one split large block back cycles its size without the device lock") {
+  Fixture f;
+  const std::size_t kSplit = 4 * kMiB;  // cut from a larger segment: not a whole segment
+  for (int i = 0; i < 200; ++i) f.alloc.free(f.get(kSplit), FreeOrder::kDevice);
+  // Its first frees went through the lock (the block came back from the epoch); from the third
+  // free of the same block on, they wait in the thread's batches, a fence per batch.
+  CHECK(f.stat("num_locked_frees") <= 3);
+  CHECK(f.sim.device_fences() < 50);
+  // Frees of split blocks of varied sizes keep the epoch's coalescing: all through the lock.
+  const auto locked = f.stat("num_locked_frees");
+  std::vector<DevicePtr> varied;
+  for (int i = 0; i < 20; ++i) varied.push_back(f.get((2 + i % 5) * kMiB));
+  for (DevicePtr p : varied) f.alloc.free(p, FreeOrder::kDevice);
+  CHECK(f.stat("num_locked_frees") - locked == 20);
+}

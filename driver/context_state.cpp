@@ -55,6 +55,10 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
     state->allocator.set_reclaimer([this, state] { return release_others(*state); });
     // Before it is published: no allocation of it may miss a limit set through the API.
     if (auto it = limits_.find(dev); it != limits_.end()) apply_limit(*state, it->second);
+    // Nothing is mapped yet: this only records them for its maps.
+    if (auto it = peers_.find(dev); it != peers_.end()) {
+      for (CUdevice peer : it->second) state->backend.grant_peer(peer);
+    }
     auto* next = new ContextList{*snapshot_.load(std::memory_order_acquire)};
     next->states.push_back(state);
     several = next->states.size() > 1;
@@ -210,6 +214,21 @@ std::vector<ParkedFree> ContextRegistry::drop(CUcontext ctx) {
   state->host.forget_all();
   log_debug("context %p gone: its cached blocks are forgotten", static_cast<void*>(ctx));
   return captures_.drop_owner(state, ctx);
+}
+
+void ContextRegistry::grant_peer(CUdevice owner, CUdevice peer) {
+  if (owner == peer) return;
+  std::vector<ContextState*> states;
+  {
+    // Under the lock that make() holds: a context made meanwhile is either listed here or
+    // reads the new peer.
+    std::lock_guard lock(mutex_);
+    if (!peers_[owner].insert(peer).second) return;
+    for (ContextState* s : live()) {
+      if (s->device == owner) states.push_back(s);
+    }
+  }
+  for (ContextState* s : states) s->backend.grant_peer(peer);
 }
 
 }  // namespace cudalloc::shim

@@ -148,6 +148,10 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   // The device's setting: the API's if one was set, else the configuration's.
   LimitSetting limit_setting(CUdevice dev);
 
+  // Peer access enabled from device `peer` to memory of device `owner`: the virtual memory of
+  // `owner`'s contexts, those made later included, is opened to `peer` (DriverBackend::grant_peer).
+  void grant_peer(CUdevice owner, CUdevice peer);
+
  private:
   ContextState* make(CUcontext ctx);  // get() of a context met for the first time
   // Releases the idle caches of the other contexts of `s`'s device; whether any memory went.
@@ -176,6 +180,7 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   std::set<CUdevice> vm_warned_;
   std::map<CUdevice, LimitSetting> limits_;  // set_limit
   std::set<CUdevice> small_limit_warned_;
+  std::map<CUdevice, std::set<CUdevice>> peers_;  // grant_peer: owner -> devices granted
   // Replaced, never modified, on a change; old snapshots are leaked (contexts are few).
   std::atomic<const ContextList*> snapshot_{new ContextList};
   // Whether the snapshot has aliases: what a free on a default stream asks (default_of), in one

@@ -19,6 +19,7 @@ namespace cudalloc::shim {
   X(cuCtxPushCurrent_v2, CUresult(CUcontext))                                                  \
   X(cuCtxPopCurrent_v2, CUresult(CUcontext*))                                                  \
   X(cuCtxSynchronize, CUresult())                                                              \
+  X(cuCtxEnablePeerAccess, CUresult(CUcontext, unsigned int))                                  \
   X(cuStreamSynchronize, CUresult(CUstream))                                                    \
   X(cuStreamQuery, CUresult(CUstream))                                                          \
   X(cuCtxDestroy, CUresult(CUcontext))                                                         \

@@ -200,7 +200,7 @@ class DeferredFence final : public Fence {
 CUresult DriverBackend::take_refusal() { return std::exchange(t_refusal, CUDA_SUCCESS); }
 
 DriverBackend::DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures)
-    : ctx_(ctx), device_(device), captures_(captures) {
+    : ctx_(ctx), device_(device), captures_(captures), access_devices_{device} {
   const DriverApi& d = driver();
   if (d.cuDeviceTotalMem_v2 == nullptr || d.cuDeviceTotalMem_v2(&total_, device) != CUDA_SUCCESS) {
     total_ = 0;
@@ -612,22 +612,30 @@ Status DriverBackend::free_address(DevicePtr base, std::size_t bytes) {
   return r == CUDA_ERROR_DEINITIALIZED ? Status::kOk : to_status(r);
 }
 
-// Maps `h` at [va, va+bytes) with read-write access for this device; undoes the map if the
-// access cannot be set. The caller keeps `h`.
+std::vector<CUmemAccessDesc> DriverBackend::access_locked() const {
+  std::vector<CUmemAccessDesc> access(access_devices_.size());
+  for (std::size_t i = 0; i < access.size(); ++i) {
+    access[i].location = device_prop(access_devices_[i]).location;
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return access;
+}
+
+// Maps `h` at [va, va+bytes) with read-write access for this device and its peers; undoes the
+// map if the access cannot be set. The caller keeps `h` and holds vm_mutex_.
 CUresult DriverBackend::map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h) {
   const DriverApi& d = driver();
   CUresult r = d.cuMemMap(static_cast<CUdeviceptr>(va), bytes, 0, h, 0);
   if (r != CUDA_SUCCESS) return r;
-  CUmemAccessDesc access{};
-  access.location = device_prop(device_).location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
+  const std::vector<CUmemAccessDesc> access = access_locked();
+  r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, access.data(), access.size());
   if (r != CUDA_SUCCESS) d.cuMemUnmap(static_cast<CUdeviceptr>(va), bytes);
   return r;
 }
 
 Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  std::lock_guard vm(vm_mutex_);
   profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
@@ -648,6 +656,7 @@ Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
 
 Status DriverBackend::unmap(DevicePtr va, std::size_t bytes) {
   if (dead()) return Status::kOk;
+  std::lock_guard vm(vm_mutex_);
   std::vector<std::pair<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>>> pieces;
   {
     std::lock_guard lock(mutex_);
@@ -704,6 +713,7 @@ bool DriverBackend::can_remap() const { return !dead() && supports_virtual_memor
 // set once for the whole range.
 Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t page) {
   if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  std::lock_guard vm(vm_mutex_);
   profile::Scope timed(profile::Site::kMap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
@@ -731,10 +741,9 @@ Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t pag
     }
     made.emplace_back(p, h);
   }
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (const CUresult r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1); r != CUDA_SUCCESS) {
+  const std::vector<CUmemAccessDesc> access = access_locked();
+  if (const CUresult r = d.cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, access.data(), access.size());
+      r != CUDA_SUCCESS) {
     undo();
     return to_status(r);
   }
@@ -745,6 +754,7 @@ Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t pag
 
 Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) {
   if (!can_remap()) return Status::kBackendError;
+  std::lock_guard vm(vm_mutex_);
   const std::size_t g = page;
   if (g == 0 || g % vm_granularity() != 0) return Status::kInvalidValue;
   std::vector<CUmemGenericAllocationHandle> handles;
@@ -759,9 +769,7 @@ Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, st
   profile::Scope timed(profile::Site::kRemap);
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
-  CUmemAccessDesc access{};
-  access.location = device_prop(device_).location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const std::vector<CUmemAccessDesc> access = access_locked();
   // Page by page: unmapped at its old address, mapped at its new one. On a failure the pages
   // already moved go back, so the allocator's view (nothing moved) stays true.
   std::size_t moved = 0;
@@ -776,7 +784,9 @@ Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, st
       break;
     }
   }
-  if (r == CUDA_SUCCESS) r = d.cuMemSetAccess(static_cast<CUdeviceptr>(to), from.size() * g, &access, 1);
+  if (r == CUDA_SUCCESS) {
+    r = d.cuMemSetAccess(static_cast<CUdeviceptr>(to), from.size() * g, access.data(), access.size());
+  }
   if (r != CUDA_SUCCESS) {
     for (std::size_t i = 0; i < moved; ++i) {
       d.cuMemUnmap(static_cast<CUdeviceptr>(to + i * g), g);
@@ -793,6 +803,48 @@ Status DriverBackend::remap(const std::vector<DevicePtr>& from, DevicePtr to, st
     mapped_[to + i * g] = {g, handles[i]};
   }
   return Status::kOk;
+}
+
+void DriverBackend::grant_peer(CUdevice peer) {
+  std::lock_guard vm(vm_mutex_);
+  if (std::find(access_devices_.begin(), access_devices_.end(), peer) != access_devices_.end()) return;
+  access_devices_.push_back(peer);
+  if (dead()) return;
+  // Adjacent pieces in one call (each stitched page is a piece of its own); pieces of two
+  // reservations that happen to touch may not go in one, so a refused run goes piece by piece.
+  std::vector<std::vector<std::pair<DevicePtr, std::size_t>>> runs;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [va, piece] : mapped_) {
+      if (runs.empty() || runs.back().back().first + runs.back().back().second != va) runs.emplace_back();
+      runs.back().emplace_back(va, piece.first);
+    }
+  }
+  if (runs.empty()) return;
+  CurrentContext current(ctx_);
+  RelaxedCaptureMode relaxed(captures_.any());
+  CUmemAccessDesc access{};
+  access.location = device_prop(peer).location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const auto set = [&](DevicePtr va, std::size_t bytes) {
+    return driver().cuMemSetAccess(static_cast<CUdeviceptr>(va), bytes, &access, 1);
+  };
+  std::size_t failed = 0;
+  for (const auto& run : runs) {
+    const std::size_t bytes = run.back().first + run.back().second - run.front().first;
+    if (set(run.front().first, bytes) == CUDA_SUCCESS) continue;
+    if (run.size() == 1) {
+      ++failed;
+      continue;
+    }
+    for (const auto& [va, piece_bytes] : run) failed += set(va, piece_bytes) != CUDA_SUCCESS;
+  }
+  log_debug("context %p (device %d): device %d granted access to %zu mapped ranges", static_cast<void*>(ctx_),
+            static_cast<int>(device_), static_cast<int>(peer), runs.size());
+  if (failed != 0) {
+    log_warn("device %d could not be granted access to %zu ranges of device %d's expandable segments",
+             static_cast<int>(peer), failed, static_cast<int>(device_));
+  }
 }
 
 }  // namespace cudalloc::shim

@@ -50,6 +50,11 @@ class DriverBackend final : public SegmentBackend {
   Status map_pages(DevicePtr va, std::size_t bytes, std::size_t page) override;
   Status remap(const std::vector<DevicePtr>& from, DevicePtr to, std::size_t page) override;
 
+  // Device `peer` may access this context's memory (peer access enabled from it): virtual
+  // memory needs cuMemSetAccess for it, which a plain cuMemAlloc segment does not. Grants
+  // read-write on every range mapped now, and every later map and remap includes it.
+  void grant_peer(CUdevice peer);
+
   // A non-blocking stream of this context (from the stream hooks); `helper`: a library's
   // helper stream (helper_streams.h).
   void add_stream(StreamInfo* s, bool helper = false);
@@ -114,6 +119,11 @@ class DriverBackend final : public SegmentBackend {
   // Whether device fences still try one event for the whole context (record_context_event).
   std::atomic<bool> context_events_{true};
   std::map<DevicePtr, std::pair<std::size_t, CUmemGenericAllocationHandle>> mapped_;
+  // Held through each map, unmap, remap and grant, so that a grant sees every range mapped
+  // without it and every map after it sees the grant. Those run under the allocator's device
+  // lock already, so it costs them no waiting; cached allocations never take it.
+  std::mutex vm_mutex_;
+  std::vector<CUdevice> access_devices_;  // this device, then granted peers; under vm_mutex_
   // Segments given back while a capture was on (cuMemFree would break a global capture), with
   // their sizes: they count against the limit until freed (backend.h, kDeferred).
   std::vector<std::pair<DevicePtr, std::size_t>> deferred_frees_;
@@ -124,6 +134,8 @@ class DriverBackend final : public SegmentBackend {
   // capture can begin (captures_.unless_capturing): it would invalidate any capture of the context.
   CUevent record_context_event();
   CUresult map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h);
+  // Read-write for each of access_devices_. Under vm_mutex_.
+  std::vector<CUmemAccessDesc> access_locked() const;
 };
 
 }  // namespace cudalloc::shim

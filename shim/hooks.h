@@ -27,6 +27,7 @@
   X(cuStreamCreateWithPriority)       \
   X(cuGreenCtxStreamCreate)           \
   X(cuCtxFromGreenCtx)                \
+  X(cuCtxEnablePeerAccess)            \
   X(cuGreenCtxDestroy)                \
   X(cuStreamDestroy)                  \
   X(cuStreamDestroy_v2)               \

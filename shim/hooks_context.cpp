@@ -123,6 +123,30 @@ CUDALLOC_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* ctx, CUgreenCtx green) {
   return r;
 }
 
+// Peer access lets the current context's device reach `peer`'s memory. The driver grants it
+// for cuMemAlloc memory (plain segments) by itself; expandable segments are virtual memory,
+// which it opens only to the devices named to cuMemSetAccess, so the peer's device is granted
+// access to the memory of every context of `peer`'s device (as PyTorch's expandable segments
+// do). cuCtxDisablePeerAccess is not interposed: a grant stays until the memory is unmapped, so
+// only a program that touches the peer's memory after disabling access (which faults natively)
+// sees a difference, and revoking would cost a pass over every mapped range.
+CUDALLOC_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  ProcessState* ps = caching_state();
+  const DriverApi& d = driver();
+  if (d.cuCtxEnablePeerAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = d.cuCtxEnablePeerAccess(peer, flags);
+  if (ps == nullptr || (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)) return r;
+  CUdevice accessor = 0;
+  CUdevice owner = 0;
+  if (d.cuCtxGetDevice(&accessor) != CUDA_SUCCESS) return r;
+  {
+    CurrentContext current(peer);
+    if (!current.ok() || d.cuCtxGetDevice(&owner) != CUDA_SUCCESS) return r;
+  }
+  ps->contexts.grant_peer(owner, accessor);
+  return r;
+}
+
 // The green context's queued work finishes first: once it is gone no fence can record in it,
 // and blocks freed later may have been used there.
 CUDALLOC_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green) {

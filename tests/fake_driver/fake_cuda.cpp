@@ -265,6 +265,8 @@ struct Ctx {
     std::vector<std::shared_ptr<Stream>> retired;
     // Where cuCtxRecordEvent's records are queued: a stream of no one's, made at the first.
     std::shared_ptr<Stream> marker;
+    // Contexts of other devices whose memory this one may access (cuCtxEnablePeerAccess).
+    std::set<Ctx*> peers;
 };
 
 enum class Kind { Linear, Async, Managed, Pitch };
@@ -293,8 +295,11 @@ struct VmMapping {
     size_t size;
     VmHandle* handle;
     size_t offset;
-    unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // the widest of by_dev
     uint64_t buffer_id;
+    // Access per device, as cuMemSetAccess set it (devices absent: none). A launch from a
+    // device without access fails (launch()), as a kernel touching ungranted memory faults.
+    std::map<int, unsigned long long> by_dev{};
 };
 
 struct Reservation {
@@ -1062,6 +1067,37 @@ FK_API CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
     if (!valid_ctx_locked(c)) return CUDA_ERROR_INVALID_CONTEXT;
     *device = c->dev;
     return CUDA_SUCCESS;
+}
+
+// Peer access: every pair of distinct devices may have it. Recorded per context, for the
+// answers the driver gives (already enabled, not enabled); kernels check virtual memory's
+// access per device instead (launch()), which this does not change, as on the GPU.
+FK_API CUresult CUDAAPI cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+    FK_ENTER();
+    if (!can) return CUDA_ERROR_INVALID_VALUE;
+    if (check_dev(dev) || check_dev(peer)) return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+    FK_ENTER();
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    Ctx* c = current_ctx();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Ctx* p = reinterpret_cast<Ctx*>(peer);
+    if (!valid_ctx_locked(p)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p->dev == c->dev) return CUDA_ERROR_INVALID_DEVICE;
+    return c->peers.insert(p).second ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+}
+
+FK_API CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peer) {
+    FK_ENTER();
+    Ctx* c = current_ctx();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard<std::mutex> lk(g_mu);
+    return c->peers.erase(reinterpret_cast<Ctx*>(peer)) != 0 ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
 }
 
 FK_API CUresult CUDAAPI cuCtxGetFlags(unsigned int* flags) {
@@ -2471,13 +2507,11 @@ FK_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
     FK_ENTER();
     size_t g = drv().vm_gran;
     if (!desc || count == 0 || size == 0 || ptr % g || size % g) return CUDA_ERROR_INVALID_VALUE;
-    unsigned long long flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (size_t i = 0; i < count; ++i) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || check_dev(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return CUDA_ERROR_INVALID_VALUE;
-        flags |= desc[i].flags;
     }
     std::lock_guard<std::mutex> lk(g_mu);
     CUdeviceptr cur = ptr;
@@ -2488,11 +2522,20 @@ FK_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
         ms.push_back(&m->second);
         cur = m->first + m->second.size;
     }
-    int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
-               : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
-                                                           : PROT_NONE;
-    if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
-    for (auto* m : ms) m->access = flags;
+    // Each device's access is its own (the host sees the widest of them).
+    for (auto* m : ms) {
+        for (size_t i = 0; i < count; ++i) {
+            if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) m->by_dev.erase(desc[i].location.id);
+            else m->by_dev[desc[i].location.id] = desc[i].flags;
+        }
+        unsigned long long flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        for (const auto& [dev, f] : m->by_dev) flags |= f;
+        int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                               : PROT_NONE;
+        if (mprotect(reinterpret_cast<void*>(m->base), m->size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+        m->access = flags;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -2502,7 +2545,8 @@ FK_API CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLoc
     std::lock_guard<std::mutex> lk(g_mu);
     auto m = find_mapping_locked(ptr);
     if (m == drv().mappings.end()) return CUDA_ERROR_INVALID_VALUE;
-    *flags = m->second.access;
+    auto f = m->second.by_dev.find(loc->id);
+    *flags = f == m->second.by_dev.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : f->second;
     return CUDA_SUCCESS;
 }
 
@@ -2682,11 +2726,17 @@ uint64_t count_locked(const Accounting& a, const char* api) {
     return n;
 }
 
-CUresult launch(CUstream h, std::function<void()> fn) {
+// A "kernel" that touches [ptr, ptr+bytes) from the stream's device: virtual memory mapped there
+// without access for that device fails it with CUDA_ERROR_ILLEGAL_ADDRESS, as such a kernel
+// faults on the GPU. (Linear memory is not checked: its peer access is the context's.)
+CUresult launch(CUstream h, std::function<void()> fn, CUdeviceptr ptr = 0, size_t bytes = 0) {
     if (g_forked_child.load()) return CUDA_ERROR_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
     if (CUresult r = resolve_stream_locked(h, false, &s)) return r;
+    for (auto m = find_mapping_locked(ptr); bytes != 0 && m != drv().mappings.end() && m->first < ptr + bytes; ++m) {
+        if (!m->second.by_dev.count(s->ctx->dev)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
     if (s->capture && s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     submit_locked(s, std::move(fn));
     return CUDA_SUCCESS;
@@ -2769,7 +2819,7 @@ FK_API CUresult fakecuda_launch_write(CUstream stream, CUdeviceptr ptr, size_t b
     return launch(stream, [=] {
         if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
         memset(reinterpret_cast<void*>(ptr), value, bytes);
-    });
+    }, ptr, bytes);
 }
 
 FK_API CUresult fakecuda_launch_fill_check(CUstream stream, CUdeviceptr ptr, size_t bytes, unsigned char expected,
@@ -2781,7 +2831,7 @@ FK_API CUresult fakecuda_launch_fill_check(CUstream stream, CUdeviceptr ptr, siz
         unsigned long long n = 0;
         for (size_t i = 0; i < bytes; ++i) n += p[i] != expected;
         __atomic_add_fetch(mismatches, n, __ATOMIC_SEQ_CST);
-    });
+    }, ptr, bytes);
 }
 
 FK_API CUresult fakecuda_launch_sleep(CUstream stream, unsigned delay_us) {

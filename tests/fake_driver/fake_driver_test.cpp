@@ -971,3 +971,85 @@ TEST_CASE("a green context's end leaves its streams detached, their queued work 
     REQUIRE(cuEventDestroy_v2(e) == CUDA_SUCCESS);
     REQUIRE(cuMemFree_v2(p) == CUDA_SUCCESS);
 }
+
+// One granule of device 0's memory mapped at a reservation of its own, read-write for device 0.
+struct MappedGranule {
+    static constexpr size_t kBytes = 2u << 20;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    MappedGranule() {
+        FN(cuMemAddressReserve);
+        FN(cuMemCreate);
+        FN(cuMemMap);
+        FN(cuMemSetAccess);
+        CUmemAllocationProp prop{};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        REQUIRE(cuMemAddressReserve(&va, kBytes, 0, 0, 0) == CUDA_SUCCESS);
+        REQUIRE(cuMemCreate(&h, kBytes, &prop, 0) == CUDA_SUCCESS);
+        REQUIRE(cuMemMap(va, kBytes, 0, h, 0) == CUDA_SUCCESS);
+        CUmemAccessDesc acc{prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        REQUIRE(cuMemSetAccess(va, kBytes, &acc, 1) == CUDA_SUCCESS);
+    }
+    ~MappedGranule() {
+        FN(cuMemUnmap);
+        FN(cuMemRelease);
+        FN(cuMemAddressFree);
+        CHECK(cuMemUnmap(va, kBytes) == CUDA_SUCCESS);
+        CHECK(cuMemRelease(h) == CUDA_SUCCESS);
+        CHECK(cuMemAddressFree(va, kBytes) == CUDA_SUCCESS);
+    }
+};
+
+// FAKE_CUDA_DEVICES=2 (test fake_driver_peer). Enabling peer access does not open another
+// device's virtual memory to kernels: only cuMemSetAccess for that device does, per device.
+TEST_CASE("peer access and virtual memory access per device", "[peer]") {
+    FN(cuDeviceGetCount);
+    FN(cuDeviceCanAccessPeer);
+    FN(cuCtxEnablePeerAccess);
+    FN(cuCtxDisablePeerAccess);
+    FN(cuCtxSetCurrent);
+    FN(cuCtxSynchronize);
+    FN(cuMemSetAccess);
+    FN(cuMemGetAccess);
+    CUcontext ctx0 = use_primary(0);
+    int n = 0, can = -1;
+    REQUIRE(cuDeviceGetCount(&n) == CUDA_SUCCESS);
+    REQUIRE(n == 2);
+    REQUIRE(cuDeviceCanAccessPeer(&can, 1, 0) == CUDA_SUCCESS);
+    CHECK(can == 1);
+    REQUIRE(cuDeviceCanAccessPeer(&can, 0, 0) == CUDA_SUCCESS);
+    CHECK(can == 0);
+
+    MappedGranule m;
+    const size_t gran = MappedGranule::kBytes;
+    const CUdeviceptr va = m.va;
+    REQUIRE(ctl().launch_write(nullptr, va, gran, 0x11, 0) == CUDA_SUCCESS);
+    REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);
+
+    CUcontext ctx1 = use_primary(1);
+    CHECK(ctl().launch_write(nullptr, va, gran, 0x22, 0) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    REQUIRE(cuCtxEnablePeerAccess(ctx0, 0) == CUDA_SUCCESS);
+    CHECK(cuCtxEnablePeerAccess(ctx0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    CHECK(cuCtxEnablePeerAccess(ctx1, 0) == CUDA_ERROR_INVALID_DEVICE);
+    CHECK(ctl().launch_write(nullptr, va, gran, 0x22, 0) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CUmemAccessDesc acc{};
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 1;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    REQUIRE(cuMemSetAccess(va, gran, &acc, 1) == CUDA_SUCCESS);
+    REQUIRE(ctl().launch_write(nullptr, va, gran, 0x22, 0) == CUDA_SUCCESS);
+    REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(byte_at(va + gran - 1) == 0x22);
+    unsigned long long fl = 0;
+    CUmemLocation dev0{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    REQUIRE(cuMemGetAccess(&fl, &dev0, va) == CUDA_SUCCESS);  // device 0 kept its own
+    CHECK(fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    REQUIRE(cuMemSetAccess(va, gran, &acc, 1) == CUDA_SUCCESS);
+    CHECK(ctl().launch_write(nullptr, va, gran, 0x33, 0) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(byte_at(va) == 0x22);  // the host still sees it through device 0's access
+    REQUIRE(cuCtxDisablePeerAccess(ctx0) == CUDA_SUCCESS);
+    CHECK(cuCtxDisablePeerAccess(ctx0) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    REQUIRE(cuCtxSetCurrent(ctx0) == CUDA_SUCCESS);
+}

@@ -1,5 +1,6 @@
 """Tests the workloads of collect_traces.py / workloads.py and the runs of torch_memory.py on the
-CPU, where there is no GPU: each workload at tiny size through collect_traces.py's worker
+CPU, where there is no GPU: ddp_train.py's verdict on rank reports written here (no torch
+needed); each workload at tiny size through collect_traces.py's worker
 processes; the same losses through torch_memory.py's; torch_memory.py's figures n/a without
 NVML, and polled through a stand-in libnvidia-ml.so.1 (built with cc) where one is given; its
 --dry-run passing CUDALLOC_CONF through untouched. Skipped where torch does not import.
@@ -59,12 +60,43 @@ def run(cmd, env=None, timeout=600):
     return r.returncode, r.stdout.decode("utf-8", "replace")
 
 
+def ddp_check(c, py):
+    """ddp_train.py check (the GPU suite's verdict on the ranks' reports), on reports written
+    here: it needs no torch."""
+    tmp = tempfile.mkdtemp(prefix="ddp-check-")
+    mib = 1 << 20
+    served = {"cudalloc": True, "allocations": 900, "peak_allocated": 80 * mib, "peak_reserved": 100 * mib}
+    job = dict(served, allocations=12, held=128 * mib, sums_right=True, outside=300 * mib, peak_reserved=160 * mib)
+    cases = [
+        ("served", [served, served], [], 0, "rank1 900 allocations"),
+        ("native_report", [served, {"cudalloc": False}], [], 1, "rank1: cudalloc was not loaded"),
+        ("too_few_allocations", [served, dict(served, allocations=40)], [], 1, "rank1 40 allocations"),
+        ("one_rank", [served], [], 1, "1 rank reports"),
+        ("allreduce", [job, job], ["--min-allocs", "5"], 0, "reserved 160 MiB for 128 MiB of tensors"),
+        ("allreduce_nccl_counted", [job, dict(job, peak_reserved=428 * mib)], ["--min-allocs", "5"], 1,
+         "reserved 428 MiB"),
+        ("allreduce_wrong_sums", [job, dict(job, sums_right=False)], ["--min-allocs", "5"], 1, "WRONG SUMS"),
+    ]
+    try:
+        for name, ranks, extra, want_rc, want_text in cases:
+            d = os.path.join(tmp, name)
+            os.makedirs(d)
+            for i, r in enumerate(ranks):
+                with open(os.path.join(d, "rank%d.json" % i), "w") as f:
+                    json.dump(r, f)
+            rc, out = run([py, os.path.join(HERE, "ddp_train.py"), "check", d] + extra)
+            c.check("ddp_check_" + name, rc == want_rc and want_text in out, "rc=%d: %s" % (rc, out.strip()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "shim", "libcudalloc.so"))
     a = ap.parse_args()
     c = Checks()
     py = sys.executable
+    ddp_check(c, py)
     try:
         import torch  # noqa: F401
     except ImportError as e:

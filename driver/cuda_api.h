@@ -20,6 +20,7 @@
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
 #undef cuDeviceTotalMem
+#undef cuIpcOpenMemHandle
 
 // The exported hooks: visible outside the library (shim/exports.map lists them too).
 #define CUDALLOC_EXPORT extern "C" __attribute__((visibility("default")))

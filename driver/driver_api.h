@@ -45,6 +45,9 @@ namespace cudalloc::shim {
   X(cuPointerGetAttribute, CUresult(void*, CUpointer_attribute, CUdeviceptr))                  \
   X(cuPointerGetAttributes, CUresult(unsigned int, CUpointer_attribute*, void**, CUdeviceptr)) \
   X(cuIpcGetMemHandle, CUresult(CUipcMemHandle*, CUdeviceptr))                                 \
+  X(cuIpcOpenMemHandle, CUresult(CUdeviceptr*, CUipcMemHandle, unsigned int))                  \
+  X(cuIpcOpenMemHandle_v2, CUresult(CUdeviceptr*, CUipcMemHandle, unsigned int))               \
+  X(cuIpcCloseMemHandle, CUresult(CUdeviceptr))                                                \
   X(cuEventCreate, CUresult(CUevent*, unsigned int))                                           \
   X(cuEventDestroy_v2, CUresult(CUevent))                                                      \
   X(cuEventRecord, CUresult(CUevent, CUstream))                                                \
@@ -84,6 +87,10 @@ namespace cudalloc::shim {
                        unsigned long long))                                                    \
   X(cuMemUnmap, CUresult(CUdeviceptr, size_t))                                                 \
   X(cuMemSetAccess, CUresult(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))            \
+  X(cuMemExportToShareableHandle,                                                              \
+    CUresult(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+  X(cuMemImportFromShareableHandle,                                                            \
+    CUresult(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType))                 \
   X(cuMemGetAllocationGranularity,                                                             \
     CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))           \
   X(cuMemPoolTrimTo, CUresult(CUmemoryPool, size_t))                                           \

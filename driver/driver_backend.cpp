@@ -571,7 +571,82 @@ CUmemAllocationProp device_prop(CUdevice device) {
   prop.location.id = device;
   return prop;
 }
+
+// Per device, whether its chunks are made with a POSIX file descriptor handle type, so that
+// IPC can export them (ipc_export.h). Asked of the device, then tried once: a driver that
+// refuses the handle type gets plain chunks from then on. Process-wide (every context of a
+// device makes the same chunks) and lock-free (a fork child keeps it).
+enum FdChunks : std::uint8_t { kFdUntried, kFdYes, kFdNo };
+constexpr int kFdDevices = 64;  // devices beyond this many get plain chunks
+std::atomic<std::uint8_t> g_fd_chunks[kFdDevices];
+
+std::uint8_t fd_chunks(CUdevice device) {
+  if (device < 0 || device >= kFdDevices) return kFdNo;
+  std::uint8_t v = g_fd_chunks[device].load(std::memory_order_relaxed);
+  if (v != kFdUntried) return v;
+  const DriverApi& d = driver();
+  int supported = 0;
+  if (d.cuMemExportToShareableHandle == nullptr || d.cuDeviceGetAttribute == nullptr ||
+      d.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                             device) != CUDA_SUCCESS ||
+      supported == 0) {
+    g_fd_chunks[device].store(kFdNo, std::memory_order_relaxed);
+    return kFdNo;
+  }
+  return kFdUntried;  // supported, not yet tried
+}
 }  // namespace
+
+CUresult DriverBackend::create_chunk(CUmemGenericAllocationHandle* h, std::size_t bytes) {
+  const DriverApi& d = driver();
+  CUmemAllocationProp prop = device_prop(device_);
+  if (fd_chunks(device_) != kFdNo) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUresult r = d.cuMemCreate(h, bytes, &prop, 0);
+    if (r == CUDA_SUCCESS) g_fd_chunks[device_].store(kFdYes, std::memory_order_relaxed);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_DEINITIALIZED) return r;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    const CUresult plain = d.cuMemCreate(h, bytes, &prop, 0);
+    // Only the handle type was refused: never asked for again on this device.
+    if (plain == CUDA_SUCCESS && g_fd_chunks[device_].exchange(kFdNo, std::memory_order_relaxed) != kFdNo) {
+      log_info("device %d: cuMemCreate refuses POSIX file descriptor handles (error %d); expandable segments "
+               "use plain chunks, whose blocks cannot be shared with cuIpcGetMemHandle",
+               static_cast<int>(device_), r);
+    }
+    return plain;
+  }
+  return d.cuMemCreate(h, bytes, &prop, 0);
+}
+
+bool DriverBackend::chunks_exportable() const { return fd_chunks(device_) == kFdYes; }
+
+bool DriverBackend::describe_range(DevicePtr va, std::size_t bytes, std::vector<MappedChunk>* out) const {
+  out->clear();
+  if (bytes == 0) return false;
+  std::lock_guard lock(mutex_);
+  auto it = mapped_.upper_bound(va);
+  if (it == mapped_.begin()) return false;
+  --it;
+  DevicePtr at = it->first;
+  for (; it != mapped_.end() && it->first == at && at < va + bytes; ++it) {
+    out->push_back({it->first, it->second.first});
+    at += it->second.first;
+  }
+  if (at < va + bytes || out->front().va + out->front().bytes <= va) {
+    out->clear();
+    return false;
+  }
+  return true;
+}
+
+CUresult DriverBackend::export_chunk(DevicePtr va, std::size_t bytes, int* fd) const {
+  *fd = -1;
+  // Under the lock: an unmap releases the chunk only after taking it out of mapped_.
+  std::lock_guard lock(mutex_);
+  const auto it = mapped_.find(va);
+  if (dead_ || it == mapped_.end() || it->second.first != bytes) return CUDA_ERROR_INVALID_VALUE;
+  return driver().cuMemExportToShareableHandle(fd, it->second.second, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+}
 
 bool DriverBackend::supports_virtual_memory() const {
   const DriverApi& d = driver();
@@ -640,9 +715,8 @@ Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   RelaxedCaptureMode relaxed(captures_.any());
-  const CUmemAllocationProp prop = device_prop(device_);
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = d.cuMemCreate(&h, bytes, &prop, 0);
+  CUresult r = create_chunk(&h, bytes);
   if (r != CUDA_SUCCESS) return to_status(r);
   r = map_handle(va, bytes, h);
   if (r != CUDA_SUCCESS) {
@@ -718,7 +792,6 @@ Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t pag
   const DriverApi& d = driver();
   CurrentContext current(ctx_);
   RelaxedCaptureMode relaxed(captures_.any());
-  const CUmemAllocationProp prop = device_prop(device_);
   const std::size_t g = page;
   if (g == 0 || g % vm_granularity() != 0 || bytes % g != 0) return Status::kInvalidValue;
   std::vector<std::pair<DevicePtr, CUmemGenericAllocationHandle>> made;
@@ -730,7 +803,7 @@ Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t pag
   };
   for (DevicePtr p = va; p < va + bytes; p += g) {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = d.cuMemCreate(&h, g, &prop, 0);
+    CUresult r = create_chunk(&h, g);
     if (r == CUDA_SUCCESS) {
       r = d.cuMemMap(static_cast<CUdeviceptr>(p), g, 0, h, 0);
       if (r != CUDA_SUCCESS) d.cuMemRelease(h);

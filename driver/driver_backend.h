@@ -87,6 +87,21 @@ class DriverBackend final : public SegmentBackend {
   CUcontext context() const { return ctx_; }
   CUdevice device() const { return device_; }
 
+  // --- for IPC of expandable-segment blocks (ipc_export.h)
+  struct MappedChunk {
+    DevicePtr va;  // where this backend mapped the chunk, from its start
+    std::size_t bytes;
+  };
+  // The physical chunks mapped over [va, va + bytes), in address order (the first may start
+  // before va); false unless every byte lies in chunks this backend mapped (plain segments).
+  bool describe_range(DevicePtr va, std::size_t bytes, std::vector<MappedChunk>* out) const;
+  // A POSIX file descriptor for the chunk mapped at `va`, `bytes` long, which the caller
+  // closes; the driver's error if the chunk cannot be exported, or INVALID_VALUE if it is no
+  // longer mapped there.
+  CUresult export_chunk(DevicePtr va, std::size_t bytes, int* fd) const;
+  // Whether this device's chunks are made with a POSIX file descriptor handle type.
+  bool chunks_exportable() const;
+
   // --- for the fences
   struct Tail;
   std::unique_ptr<Fence> device_fence_now();
@@ -136,6 +151,8 @@ class DriverBackend final : public SegmentBackend {
   CUresult map_handle(DevicePtr va, std::size_t bytes, CUmemGenericAllocationHandle h);
   // Read-write for each of access_devices_. Under vm_mutex_.
   std::vector<CUmemAccessDesc> access_locked() const;
+  // cuMemCreate of a chunk: exportable where the device allows it (see chunks_exportable).
+  CUresult create_chunk(CUmemGenericAllocationHandle* h, std::size_t bytes);
 };
 
 }  // namespace cudalloc::shim

@@ -22,6 +22,9 @@
   X(cuPointerGetAttribute)            \
   X(cuPointerGetAttributes)           \
   X(cuIpcGetMemHandle)                \
+  X(cuIpcOpenMemHandle)               \
+  X(cuIpcOpenMemHandle_v2)            \
+  X(cuIpcCloseMemHandle)              \
   X(cuMemPoolTrimTo)                  \
   X(cuStreamCreate)                   \
   X(cuStreamCreateWithPriority)       \

@@ -2,7 +2,10 @@
 // the driver (passthrough mode, no context, pointers cudalloc does not own, graph memory).
 #include <algorithm>
 #include <limits>
+#include <vector>
 
+#include "driver/ipc_export.h"
+#include "driver/ipc_import.h"
 #include "shim/free_path.h"
 #include "shim/hooks.h"
 #include "shim/hooks_host.h"
@@ -349,32 +352,64 @@ CUDALLOC_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_at
   return r;
 }
 
-// A handle names a whole driver allocation, and the receiver maps it at its start. That is
-// the right memory only for a block that starts its segment; any other block fails loudly
-// rather than hand out a handle to the wrong bytes.
+// A native handle names a whole driver allocation, and the receiver maps it at its start: the
+// right memory only for a block that starts a plain segment. A block of an expandable segment
+// lies in chunks no native handle names: cudalloc exports it itself (driver/ipc_export.h), and
+// the importer, which must run cudalloc too, opens it (cuIpcOpenMemHandle below). A pointer
+// inside a block names the whole block, as natively a pointer inside an allocation does. Any
+// other block fails loudly rather than hand out a handle to the wrong bytes.
 CUDALLOC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr ptr) {
   ProcessState* ps = caching_state();
   const DriverApi& d = driver();
   ContextState* owner = ps == nullptr ? nullptr : ps->contexts.owner(ptr);
   if (owner == nullptr) return d.cuIpcGetMemHandle(handle, ptr);
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const auto info = owner->allocator.find(static_cast<DevicePtr>(ptr));
   if (!info) return CUDA_ERROR_INVALID_VALUE;
-  if (info->base == info->segment_base) {
-    // The block's last owner's work may still be queued: the importer is not ordered behind it.
-    if (!owner->backend.settle_reuse()) {
-      log_error("cuIpcGetMemHandle(0x%llx): a stream capture is on, and device work queued before it may still "
-                "use this block's memory for its previous owner, and waiting for it now would break the capture; "
-                "export the handle after the capture ends.",
-                static_cast<unsigned long long>(ptr));
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-    return d.cuIpcGetMemHandle(handle, ptr);
+  std::vector<DriverBackend::MappedChunk> chunks;
+  const bool in_chunks = owner->backend.describe_range(info->base, info->size, &chunks);
+  if (!in_chunks && info->base != info->segment_base) {
+    log_error("cuIpcGetMemHandle(0x%llx): this block lies inside a larger cached segment (at offset %zu) and an "
+              "IPC handle would open at the segment's start, not at this block; IPC of sub-allocated blocks of "
+              "plain segments is not supported. Run the exporting process with expandable_segments:true or "
+              "CUDALLOC_NO_CACHING=1.",
+              static_cast<unsigned long long>(ptr), static_cast<std::size_t>(info->base - info->segment_base));
+    return CUDA_ERROR_INVALID_VALUE;
   }
-  log_error("cuIpcGetMemHandle(0x%llx): this block lies inside a larger cached segment (at offset %zu) and an "
-            "IPC handle would open at the segment's start, not at this block; IPC of sub-allocated "
-            "blocks is not supported. Run the exporting process with CUDALLOC_NO_CACHING=1.",
-            static_cast<unsigned long long>(ptr), static_cast<std::size_t>(info->base - info->segment_base));
-  return CUDA_ERROR_INVALID_VALUE;
+  // The block's last owner's work may still be queued: the importer is not ordered behind it.
+  if (!owner->backend.settle_reuse()) {
+    log_error("cuIpcGetMemHandle(0x%llx): a stream capture is on, and device work queued before it may still "
+              "use this block's memory for its previous owner, and waiting for it now would break the capture; "
+              "export the handle after the capture ends.",
+              static_cast<unsigned long long>(ptr));
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (in_chunks) return ipc::export_block(*owner, *info, handle);
+  return d.cuIpcGetMemHandle(handle, ptr);
+}
+
+// cudalloc's handles are opened here, whether this process caches or not; the driver's own
+// go to the driver.
+namespace {
+CUresult ipc_open(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags, bool v2) {
+  CUresult r = CUDA_SUCCESS;
+  if (ipc::open_handle(handle, flags, dptr, &r)) return r;
+  const DriverApi& d = driver();
+  return v2 ? d.cuIpcOpenMemHandle_v2(dptr, handle, flags) : d.cuIpcOpenMemHandle(dptr, handle, flags);
+}
+}  // namespace
+
+CUDALLOC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
+  return ipc_open(dptr, handle, flags, false);
+}
+CUDALLOC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
+  return ipc_open(dptr, handle, flags, true);
+}
+
+CUDALLOC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
+  CUresult r = CUDA_SUCCESS;
+  if (ipc::close_handle(ptr, &r)) return r;
+  return driver().cuIpcCloseMemHandle(ptr);
 }
 
 // cudaMemPoolTrimTo on a device's default or current pool: cudalloc serves that pool's

@@ -288,6 +288,8 @@ struct VmHandle {
     int fd;
     int refs = 1;        // 1 for the handle itself + 1 per mapping
     bool released = false;
+    bool exportable = false;  // made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    bool imported = false;    // another process's memory: not counted against this one's device
 };
 
 struct VmMapping {
@@ -2409,7 +2411,7 @@ namespace {
 void vm_handle_unref_locked(VmHandle* h) {
     if (--h->refs > 0) return;
     Device& d = *drv().devices[size_t(h->dev)];
-    d.used -= h->size;
+    if (!h->imported) d.used -= h->size;
     close(h->fd);
     drv().vm_handles.erase(h);
     delete h;
@@ -2423,20 +2425,75 @@ FK_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (check_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    const auto types = static_cast<unsigned>(prop->requestedHandleTypes);
+    if (types & ~unsigned(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |
+                          CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC))
+        return CUDA_ERROR_INVALID_VALUE;
+    // Only POSIX file descriptors on Linux; FAKE_CUDA_NO_FD_EXPORT=1 refuses those too.
+    if (types & ~unsigned(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (types && env_size("FAKE_CUDA_NO_FD_EXPORT", 0) != 0) return CUDA_ERROR_NOT_SUPPORTED;
     std::lock_guard<std::mutex> lk(g_mu);
     Device& d = *drv().devices[size_t(prop->location.id)];
     if (!d.vmm) return CUDA_ERROR_NOT_SUPPORTED;
     if (d.used + size > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd = memfd_create("fakecuda-vm", 0);
+    // The name carries the device, for cuMemImportFromShareableHandle in another process.
+    char name[32];
+    snprintf(name, sizeof name, "fakecuda-vm-dev%d", prop->location.id);
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (ftruncate(fd, off_t(size)) != 0) {
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     auto* h = new VmHandle{prop->location.id, size, fd};
+    h->exportable = types != 0;
     d.used += size;
     drv().vm_handles.insert(h);
     note_usage_locked();
+    *handle = CUmemGenericAllocationHandle(reinterpret_cast<uintptr_t>(h));
+    return CUDA_SUCCESS;
+}
+
+// A POSIX file descriptor for a handle made exportable: a duplicate of its memfd (close-on-exec),
+// which the caller owns. What the real driver answers for a handle made without the type is
+// not measured; INVALID_VALUE here.
+FK_API CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                                      CUmemAllocationHandleType type, unsigned long long flags) {
+    FK_ENTER();
+    if (!shareable || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto* h = reinterpret_cast<VmHandle*>(uintptr_t(handle));
+    if (!drv().vm_handles.count(h) || h->released || !h->exportable) return CUDA_ERROR_INVALID_VALUE;
+    const int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *static_cast<int*>(shareable) = fd;
+    return CUDA_SUCCESS;
+}
+
+// A handle for the memory behind a descriptor that cuMemExportToShareableHandle gave (in any
+// process): the caller keeps the descriptor. Anything else is an invalid value.
+FK_API CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                                        CUmemAllocationHandleType type) {
+    FK_ENTER();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    const int fd = int(reinterpret_cast<uintptr_t>(os_handle));
+    char link[64], target[128] = {};
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    const ssize_t n = readlink(link, target, sizeof target - 1);
+    int dev = -1;
+    if (n <= 0 || sscanf(target, "/memfd:fakecuda-vm-dev%d", &dev) != 1) return CUDA_ERROR_INVALID_VALUE;
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || size_t(st.st_size) % drv().vm_gran) return CUDA_ERROR_INVALID_VALUE;
+    if (check_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto* h = new VmHandle{dev, size_t(st.st_size), own};
+    h->exportable = true;
+    h->imported = true;
+    drv().vm_handles.insert(h);
     *handle = CUmemGenericAllocationHandle(reinterpret_cast<uintptr_t>(h));
     return CUDA_SUCCESS;
 }
@@ -2546,7 +2603,7 @@ FK_API CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLoc
     auto m = find_mapping_locked(ptr);
     if (m == drv().mappings.end()) return CUDA_ERROR_INVALID_VALUE;
     auto f = m->second.by_dev.find(loc->id);
-    *flags = f == m->second.by_dev.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : f->second;
+    *flags = f == m->second.by_dev.end() ? static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE) : static_cast<unsigned long long>(f->second);
     return CUDA_SUCCESS;
 }
 

@@ -835,6 +835,73 @@ TEST_CASE("virtual memory management", "[vm]") {
     ctl().clear_failures();
 }
 
+TEST_CASE("shareable handles: a POSIX fd exported, imported and mapped elsewhere", "[vm][ipc]") {
+    // In the order of use.
+    FN(cuMemCreate);
+    FN(cuMemExportToShareableHandle);
+    FN(cuMemGetInfo_v2);
+    FN(cuMemImportFromShareableHandle);
+    FN(cuMemAddressReserve);
+    FN(cuMemMap);
+    FN(cuMemRelease);
+    FN(cuMemSetAccess);
+    FN(cuMemsetD8_v2);
+    FN(cuMemUnmap);
+    FN(cuMemAddressFree);
+    use_primary();
+    const size_t gran = 2u << 20;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle plain = 0, shared = 0, imported = 0;
+    REQUIRE(cuMemCreate(&plain, gran, &prop, 0) == CUDA_SUCCESS);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    CHECK(cuMemCreate(&shared, gran, &prop, 0) == CUDA_ERROR_NOT_SUPPORTED);
+    prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(0x100);
+    CHECK(cuMemCreate(&shared, gran, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    REQUIRE(cuMemCreate(&shared, gran, &prop, 0) == CUDA_SUCCESS);
+
+    int fd = -1;
+    const auto posix = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CHECK(cuMemExportToShareableHandle(&fd, plain, posix, 0) == CUDA_ERROR_INVALID_VALUE);  // not made exportable
+    CHECK(cuMemExportToShareableHandle(&fd, shared, posix, 1) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemExportToShareableHandle(nullptr, shared, posix, 0) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemExportToShareableHandle(&fd, shared, CU_MEM_HANDLE_TYPE_FABRIC, 0) == CUDA_ERROR_NOT_SUPPORTED);
+    REQUIRE(cuMemExportToShareableHandle(&fd, shared, posix, 0) == CUDA_SUCCESS);
+    REQUIRE(fd >= 0);
+    CHECK(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(uintptr_t(0)), posix) ==
+          CUDA_ERROR_INVALID_VALUE);  // stdin is no exported memory
+    size_t free0 = 0, total = 0;
+    REQUIRE(cuMemGetInfo_v2(&free0, &total) == CUDA_SUCCESS);
+    REQUIRE(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(uintptr_t(fd)), posix) == CUDA_SUCCESS);
+    close(fd);  // the handle keeps the memory
+    size_t free1 = 0;
+    REQUIRE(cuMemGetInfo_v2(&free1, &total) == CUDA_SUCCESS);
+    CHECK(free1 == free0);  // not new memory
+
+    CUdeviceptr a = 0, b = 0;
+    REQUIRE(cuMemAddressReserve(&a, gran, 0, 0, 0) == CUDA_SUCCESS);
+    REQUIRE(cuMemAddressReserve(&b, gran, 0, 0, 0) == CUDA_SUCCESS);
+    REQUIRE(cuMemMap(a, gran, 0, shared, 0) == CUDA_SUCCESS);
+    REQUIRE(cuMemMap(b, gran, 0, imported, 0) == CUDA_SUCCESS);
+    REQUIRE(cuMemRelease(imported) == CUDA_SUCCESS);  // the mapping holds it
+    CUmemAccessDesc acc{};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    REQUIRE(cuMemSetAccess(a, gran, &acc, 1) == CUDA_SUCCESS);
+    REQUIRE(cuMemSetAccess(b, gran, &acc, 1) == CUDA_SUCCESS);
+    REQUIRE(cuMemsetD8_v2(a, 0x6b, gran) == CUDA_SUCCESS);
+    CHECK(byte_at(b + gran - 1) == 0x6b);  // one memory, two addresses
+    REQUIRE(cuMemUnmap(a, gran) == CUDA_SUCCESS);
+    REQUIRE(cuMemUnmap(b, gran) == CUDA_SUCCESS);
+    REQUIRE(cuMemRelease(shared) == CUDA_SUCCESS);
+    REQUIRE(cuMemRelease(plain) == CUDA_SUCCESS);
+    REQUIRE(cuMemAddressFree(a, gran) == CUDA_SUCCESS);
+    REQUIRE(cuMemAddressFree(b, gran) == CUDA_SUCCESS);
+}
+
 TEST_CASE("context reset kills old pointers", "[memory]") {
     FN(cuMemAlloc_v2);
     FN(cuMemFree_v2);

@@ -91,6 +91,17 @@ inline bool is_cudalloc(const void* p) {
          std::string(info.dli_fname).find("libcudalloc") != std::string::npos;
 }
 
+// A CUipcMemHandle as 128 hex digits, for a command line.
+inline std::string to_hex(const CUipcMemHandle& h) {
+  std::string hex;
+  for (int i = 0; i < CU_IPC_HANDLE_SIZE; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(h.reserved[i]));
+    hex += b;
+  }
+  return hex;
+}
+
 #define CHECK_OR_DIE(cond)                                                        \
   do {                                                                            \
     if (!(cond)) ::client::die(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #cond); \

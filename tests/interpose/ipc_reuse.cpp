@@ -33,12 +33,7 @@ int main(int argc, char** argv) {
   }
   CUipcMemHandle h{};
   CHECK_OR_DIE(c.api.cuIpcGetMemHandle(&h, q) == CUDA_SUCCESS);
-  std::string hex;
-  for (int i = 0; i < CU_IPC_HANDLE_SIZE; ++i) {
-    char b[3];
-    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(h.reserved[i]));
-    hex += b;
-  }
+  const std::string hex = client::to_hex(h);
   const pid_t pid = fork();
   if (pid == 0) {  // the importer: finds the old owner's bytes (its write is done), writes 0x22
     unsetenv("LD_PRELOAD");

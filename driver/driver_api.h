@@ -83,6 +83,7 @@ namespace cudalloc::shim {
                        unsigned long long))                                                    \
   X(cuMemUnmap, CUresult(CUdeviceptr, size_t))                                                 \
   X(cuMemSetAccess, CUresult(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))            \
+  X(cuMemRetainAllocationHandle, CUresult(CUmemGenericAllocationHandle*, void*))              \
   X(cuMemGetAllocationGranularity,                                                             \
     CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))           \
   X(cuMemPoolTrimTo, CUresult(CUmemoryPool, size_t))                                           \

@@ -404,41 +404,20 @@ HostCacheStats HostCache::stats() const {
 
 std::string HostCache::summary() const {
   const HostCacheStats s = stats();
-  std::string out;
-  auto row = [&out](const char* text) {
-    std::string line(" ");
-    line += text;
-    line.resize(std::max<std::size_t>(line.size(), 77), ' ');
-    out += '|';
-    out += line;
-    out += "|\n";
-  };
-  const std::string rule(77, '-');
-  out += '|' + rule + "|\n";
-  char line[200];
-  std::snprintf(line, sizeof line, "pinned host memory (cudaHostAlloc, cudaMallocHost), context of device %d", device_);
-  row(line);
+  auto n = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+  SummarySection out;
+  out.row("pinned host memory (cudaHostAlloc, cudaMallocHost), context of device %d", device_);
   const std::size_t cached = s.reserved_bytes > s.in_use_bytes ? s.reserved_bytes - s.in_use_bytes : 0;
-  std::snprintf(line, sizeof line, "in use %s (%llu blocks, %s asked)  reserved %s  peak %s",
-                format_bytes(s.in_use_bytes).c_str(), static_cast<unsigned long long>(s.in_use_blocks),
-                format_bytes(s.requested_bytes).c_str(), format_bytes(s.reserved_bytes).c_str(),
-                format_bytes(s.peak_reserved_bytes).c_str());
-  row(line);
-  std::snprintf(line, sizeof line, "cached %s (%s awaiting fences)  limit %s (all contexts)", format_bytes(cached).c_str(),
-                format_bytes(s.pending_bytes).c_str(),
-                budget_.limit() == 0 ? "none" : format_bytes(budget_.limit()).c_str());
-  row(line);
-  std::snprintf(line, sizeof line, "host allocs: %llu  hits: %llu (after a fence: %llu)  misses: %llu  frees: %llu",
-                static_cast<unsigned long long>(s.allocations), static_cast<unsigned long long>(s.hits),
-                static_cast<unsigned long long>(s.fenced_hits), static_cast<unsigned long long>(s.misses),
-                static_cast<unsigned long long>(s.frees));
-  row(line);
-  std::snprintf(line, sizeof line, "driver allocs: %llu  driver frees: %llu  fences: %llu  OOMs: %llu",
-                static_cast<unsigned long long>(s.driver_allocs), static_cast<unsigned long long>(s.driver_frees),
-                static_cast<unsigned long long>(s.fences), static_cast<unsigned long long>(s.ooms));
-  row(line);
-  out += '|' + rule + "|\n";
-  return out;
+  out.row("in use %s (%llu blocks, %s asked)  reserved %s  peak %s", format_bytes(s.in_use_bytes).c_str(),
+          n(s.in_use_blocks), format_bytes(s.requested_bytes).c_str(), format_bytes(s.reserved_bytes).c_str(),
+          format_bytes(s.peak_reserved_bytes).c_str());
+  out.row("cached %s (%s awaiting fences)  limit %s (all contexts)", format_bytes(cached).c_str(),
+          format_bytes(s.pending_bytes).c_str(), budget_.limit() == 0 ? "none" : format_bytes(budget_.limit()).c_str());
+  out.row("host allocs: %llu  hits: %llu (after a fence: %llu)  misses: %llu  frees: %llu", n(s.allocations),
+          n(s.hits), n(s.fenced_hits), n(s.misses), n(s.frees));
+  out.row("driver allocs: %llu  driver frees: %llu  fences: %llu  OOMs: %llu", n(s.driver_allocs),
+          n(s.driver_frees), n(s.fences), n(s.ooms));
+  return out.finish();
 }
 
 }  // namespace cudalloc

@@ -1,5 +1,7 @@
 #include "allocator/memory_stats.h"
 
+#include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <string>
 
@@ -98,6 +100,27 @@ std::string format_bytes(std::uint64_t bytes) {
     std::snprintf(buf, sizeof buf, "%.2f %s", value, kUnits[unit]);
   }
   return buf;
+}
+
+SummarySection::SummarySection() : out_('|' + std::string(77, '-') + "|\n") {}
+
+void SummarySection::row(const char* format, ...) {
+  char text[240];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  std::string line(" ");
+  line += text;
+  line.resize(std::max<std::size_t>(line.size(), 77), ' ');
+  out_ += '|';
+  out_ += line;
+  out_ += "|\n";
+}
+
+std::string SummarySection::finish() {
+  out_ += '|' + std::string(77, '-') + "|\n";
+  return std::move(out_);
 }
 
 std::string format_memory_summary(const MemoryStats& s, int device, std::size_t limit_bytes, std::string_view note) {

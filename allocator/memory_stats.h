@@ -90,4 +90,18 @@ std::string format_memory_summary(const MemoryStats& stats, int device, std::siz
 // "1.50 GiB", "512 B"
 std::string format_bytes(std::uint64_t bytes);
 
+// A section printed under the summary table (pinned host memory, the program's virtual memory):
+// framed rows of the table's width between two rules.
+class SummarySection {
+ public:
+  SummarySection();
+  // One row, printf-style; longer rows widen the frame rather than lose text.
+  void row(const char* format, ...) __attribute__((format(printf, 2, 3)));
+  // The section, closed with its rule.
+  std::string finish();
+
+ private:
+  std::string out_;
+};
+
 }  // namespace cudalloc

@@ -95,8 +95,9 @@ bool ContextRegistry::release_others(const ContextState& s) {
     if (other == &s || other->device != s.device || other->allocator.cached_bytes() == 0) continue;
     released += other->allocator.release_cached();
   }
+  if (device_reclaimer_) released += device_reclaimer_(s.device);
   if (released != 0) {
-    log_info("out of memory on device %d: %zu bytes released from the caches of its other contexts; retrying",
+    log_info("out of memory on device %d: %zu bytes released from the device's other caches; retrying",
              static_cast<int>(s.device), released);
   }
   return released != 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -131,6 +132,10 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   // whether any went.
   bool release_host_caches();
   const HostBudget& host_budget() const { return host_budget_; }
+  // Idle memory of a device that no context's allocator holds (the program's cached virtual
+  // memory pairs): given back, like the other contexts' caches, before an allocation of the
+  // device fails for want of memory. Returns the bytes released. Set before the first context.
+  void set_device_reclaimer(std::function<std::size_t(CUdevice)> f) { device_reclaimer_ = std::move(f); }
 
   // single_stream's end: every live context records the end of its ordered era.
   void end_ordered_eras() override;
@@ -188,6 +193,7 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   std::atomic<bool> any_alias_{false};
   // The pinned memory of every context's host cache together (pinned_memory_limit_mb).
   HostBudget host_budget_;
+  std::function<std::size_t(CUdevice)> device_reclaimer_;
 };
 
 }  // namespace cudalloc::shim

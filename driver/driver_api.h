@@ -91,6 +91,7 @@ namespace cudalloc::shim {
     CUresult(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
   X(cuMemImportFromShareableHandle,                                                            \
     CUresult(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType))                 \
+  X(cuMemRetainAllocationHandle, CUresult(CUmemGenericAllocationHandle*, void*))              \
   X(cuMemGetAllocationGranularity,                                                             \
     CUresult(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))           \
   X(cuMemPoolTrimTo, CUresult(CUmemoryPool, size_t))                                           \

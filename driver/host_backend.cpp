@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "driver/all_contexts_fence.h"
 #include "driver/current_context.h"
 #include "driver/driver_api.h"
 
@@ -11,26 +12,6 @@ namespace cudalloc::shim {
 namespace {
 
 thread_local CUresult t_refusal = CUDA_SUCCESS;
-
-// Done once every live context's device fence is.
-class AllContextsFence final : public Fence {
- public:
-  bool done() override {
-    while (!parts.empty()) {
-      if (!parts.back()->done()) return false;
-      parts.pop_back();
-    }
-    return true;
-  }
-  bool wait() override {
-    while (!parts.empty()) {
-      if (!parts.back()->wait()) return false;
-      parts.pop_back();
-    }
-    return true;
-  }
-  std::vector<std::unique_ptr<Fence>> parts;
-};
 
 }  // namespace
 

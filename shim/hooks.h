@@ -53,7 +53,15 @@
   X(cuMemAllocHost_v2)                \
   X(cuMemFreeHost)                    \
   X(cuMemHostGetDevicePointer_v2)     \
-  X(cuMemHostGetFlags)
+  X(cuMemHostGetFlags)                \
+  X(cuMemAddressReserve)              \
+  X(cuMemAddressFree)                 \
+  X(cuMemCreate)                      \
+  X(cuMemRelease)                     \
+  X(cuMemMap)                         \
+  X(cuMemUnmap)                       \
+  X(cuMemSetAccess)                   \
+  X(cuMemRetainAllocationHandle)
 
 #define CUDALLOC_DECLARE_HOOK(name) \
   CUDALLOC_EXPORT std::remove_pointer_t<decltype(cudalloc::shim::DriverApi::name)> name;

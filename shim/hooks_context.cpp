@@ -46,6 +46,11 @@ void drop(ProcessState& ps, CUcontext ctx) {
   if (ContextState* s = ps.contexts.find(ctx); s != nullptr && s->ctx == ctx && runtime().config.stats_at_exit) {
     print_context_end_stats(*s);
   }
+  // The device's cached virtual memory pairs go back too: the driver may take a context's memory
+  // with it, and a pair it took must never be lent again.
+  if (ContextState* s = ps.contexts.find(ctx); s != nullptr && s->ctx == ctx) {
+    ps.vmm.release_cached(static_cast<int>(s->device));
+  }
   run_parked(ps, ps.contexts.drop(ctx));
 }
 

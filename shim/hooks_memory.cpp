@@ -430,6 +430,7 @@ CUDALLOC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     if (default_pool || current_pool) {
       s->allocator.release_cached(keep);
       s->host.release_cached(true);  // pinned memory: all that is idle (keep counts device bytes)
+      ps->vmm.release_cached(static_cast<int>(s->device));  // the program's idle virtual memory
     }
   }
   return r;

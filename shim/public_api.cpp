@@ -241,6 +241,7 @@ CUDALLOC_EXPORT int cudalloc_empty_cache(int device, size_t* released) {
   for (ContextState* s : ps->contexts.live()) {
     if (on_device(s, dev)) total += s->allocator.release_cached(0);
   }
+  total += ps->vmm.release_cached(dev);
   if (released != nullptr) *released = total;
   return CUDALLOC_OK;
 }

@@ -33,7 +33,18 @@ std::atomic<bool> g_state_due{false};
 // before the state is made), its pinned host cache to the trace only.
 ProcessState::ProcessState(const Config& config)
     : single_stream(config.single_stream),
-      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer}) {}
+      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer}) {
+  // The program's cached virtual memory pairs and cudalloc's own caches give way to each other
+  // when a device runs out of memory.
+  contexts.set_device_reclaimer([this](CUdevice dev) { return vmm.release_cached(static_cast<int>(dev)); });
+  vmm.set_reclaimer([this](int dev) {
+    std::size_t released = 0;
+    for (ContextState* s : contexts.live()) {
+      if (s->device == dev) released += s->allocator.release_cached();
+    }
+    return released;
+  });
+}
 
 namespace {
 
@@ -72,6 +83,7 @@ void release_host_at_exit() {
 void print_stats_at_exit() {
   ProcessState* ps = caching_state();
   print_stats(ps != nullptr ? &ps->contexts : nullptr);
+  if (ps != nullptr) print_vmm_stats(ps->vmm);
 }
 
 // A refused configuration: the process exits with status 1 before any CUDA work. exit() runs

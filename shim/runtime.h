@@ -9,6 +9,7 @@
 #include "driver/context_state.h"
 #include "driver/single_stream.h"
 #include "driver/streams.h"
+#include "driver/vmm_cache.h"
 #include "support/profile.h"
 
 namespace cudalloc::shim {
@@ -31,6 +32,7 @@ struct ProcessState {
   StreamRegistry streams;
   SingleStreamMode single_stream;
   ContextRegistry contexts;
+  VmmCache vmm{contexts};  // the program's own virtual memory (cuMemCreate ...)
 };
 
 namespace detail {

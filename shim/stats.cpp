@@ -22,6 +22,8 @@ void print_stats(const ContextRegistry* contexts) {
   for (ContextState* s : contexts->live()) print_context_stats(*s);
 }
 
+void print_vmm_stats(const VmmCache& vmm) { std::fputs(vmm.summary().c_str(), stderr); }
+
 void print_context_end_stats(const ContextState& s) {
   std::fprintf(stderr, "cudalloc: context %p of device %d is being destroyed; its statistics:\n",
                static_cast<void*>(s.ctx), static_cast<int>(s.device));

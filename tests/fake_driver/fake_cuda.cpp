@@ -286,10 +286,11 @@ struct VmHandle {
     int dev;
     size_t size;
     int fd;
-    int refs = 1;        // 1 for the handle itself + 1 per mapping
+    int refs = 1;        // 1 for the handle itself + 1 per mapping + 1 per retain
     bool released = false;
     bool exportable = false;  // made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
     bool imported = false;    // another process's memory: not counted against this one's device
+    int retains = 0;     // cuMemRetainAllocationHandle references not yet released
 };
 
 struct VmMapping {
@@ -2502,8 +2503,13 @@ FK_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
     FK_ENTER();
     std::lock_guard<std::mutex> lk(g_mu);
     auto* h = reinterpret_cast<VmHandle*>(uintptr_t(handle));
-    if (!drv().vm_handles.count(h) || h->released) return CUDA_ERROR_INVALID_VALUE;
-    h->released = true;
+    if (!drv().vm_handles.count(h)) return CUDA_ERROR_INVALID_VALUE;
+    if (h->retains > 0) {
+        --h->retains;
+    } else {
+        if (h->released) return CUDA_ERROR_INVALID_VALUE;
+        h->released = true;
+    }
     vm_handle_unref_locked(h);
     return CUDA_SUCCESS;
 }
@@ -2604,6 +2610,34 @@ FK_API CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLoc
     if (m == drv().mappings.end()) return CUDA_ERROR_INVALID_VALUE;
     auto f = m->second.by_dev.find(loc->id);
     *flags = f == m->second.by_dev.end() ? static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE) : static_cast<unsigned long long>(f->second);
+    return CUDA_SUCCESS;
+}
+
+// The handle mapped at `addr`, with one more reference the program releases (cuMemRelease).
+FK_API CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+    FK_ENTER();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto m = find_mapping_locked(reinterpret_cast<CUdeviceptr>(addr));
+    if (m == drv().mappings.end()) return CUDA_ERROR_INVALID_VALUE;
+    VmHandle* h = m->second.handle;
+    ++h->refs;
+    ++h->retains;
+    *handle = CUmemGenericAllocationHandle(reinterpret_cast<uintptr_t>(h));
+    return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                                CUmemGenericAllocationHandle handle) {
+    FK_ENTER();
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto* h = reinterpret_cast<VmHandle*>(uintptr_t(handle));
+    if (!drv().vm_handles.count(h)) return CUDA_ERROR_INVALID_VALUE;
+    *prop = CUmemAllocationProp{};
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = h->dev;
     return CUDA_SUCCESS;
 }
 

@@ -24,8 +24,8 @@
 // --threads-ab A,B runs the --threads loop with A threads, then B, alternating for R rounds in one
 // process, and gives each count's median and their ratio.
 // --short N times loops of N pairs counted from the very first pair of each size (the cache
-// starts empty for it: nothing warms it up), from 512 B to 1 GiB in powers of 4 (or --size),
-// on both paths, against the same loop on the driver's pool (cudaMallocFromPoolAsync on the
+// starts empty for it: nothing warms it up), at 512 B and the powers of 4 from 1 KiB to 1 GiB
+// (or --size), on both paths, against the same loop on the driver's pool (cudaMallocFromPoolAsync on the
 // default pool, which cudalloc passes through) in this process: what a short-lived loop pays
 // for fresh segments and fences before any block comes back. One line per size and path, with
 // the first 10 pairs' and the whole loop's mean. Run one size per process (--size) for sizes
@@ -239,8 +239,11 @@ static void short_loop(size_t size, int n, Path path, cudaStream_t s) {
 static void short_loops(int n, size_t only_size) {
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  for (size_t size = 512; size <= (size_t{1} << 30); size *= 4) {
-    if (only_size != 0 && size != only_size) continue;
+  // 512 B, then the powers of 4 from 1 KiB to 1 GiB; --size runs that size alone.
+  std::vector<size_t> sizes{512};
+  for (size_t size = 1024; size <= (size_t{1} << 30); size *= 4) sizes.push_back(size);
+  if (only_size != 0) sizes = {only_size};
+  for (size_t size : sizes) {
     for (Path p : {Path::kMalloc, Path::kAsync, Path::kPool}) short_loop(size, n, p, s);
   }
   cudaStreamDestroy(s);

@@ -395,6 +395,20 @@ VmDecision VmmPairs::expose(VmAddress va) {
   return d;
 }
 
+VmDecision VmmPairs::expose_handle(VmHandle h) {
+  std::lock_guard lock(mutex_);
+  VmDecision d;
+  auto hit = handles_.find(h);
+  if (hit == handles_.end()) return d;
+  if (hit->second.pair != 0) {
+    detach(hit->second.pair, d.settle);
+    ++stats_.detached;
+  }
+  // detach() keeps a handle the program holds, as shared; one it released is gone.
+  if (auto again = handles_.find(h); again != handles_.end()) again->second.shared = true;
+  return d;
+}
+
 std::vector<VmOp> VmmPairs::release_cached(std::size_t* bytes) {
   std::lock_guard lock(mutex_);
   poll();
@@ -410,6 +424,25 @@ std::vector<VmOp> VmmPairs::release_cached(std::size_t* bytes) {
   }
   if (bytes != nullptr) *bytes = total;
   return ops;
+}
+
+VmmStats& VmmStats::operator+=(const VmmStats& o) {
+  create_hits += o.create_hits;
+  create_misses += o.create_misses;
+  reserve_hits += o.reserve_hits;
+  reserve_misses += o.reserve_misses;
+  calls_served += o.calls_served;
+  adopted += o.adopted;
+  detached += o.detached;
+  released += o.released;
+  fences += o.fences;
+  ready_pairs += o.ready_pairs;
+  ready_bytes += o.ready_bytes;
+  pending_pairs += o.pending_pairs;
+  pending_bytes += o.pending_bytes;
+  program_pairs += o.program_pairs;
+  peak_cached_bytes += o.peak_cached_bytes;
+  return *this;
 }
 
 bool VmmPairs::used() const {

@@ -94,6 +94,7 @@ struct VmmStats {
   std::size_t pending_bytes = 0;
   std::size_t program_pairs = 0;     // pairs the program holds some part of
   std::size_t peak_cached_bytes = 0;
+  VmmStats& operator+=(const VmmStats& o);
 };
 
 class VmmPairs {
@@ -128,6 +129,9 @@ class VmmPairs {
   // The program asks about the mapping at `va` in a way the cache does not model
   // (cuMemRetainAllocationHandle): the pair there goes back to the program's own state.
   VmDecision expose(VmAddress va);
+  // The program exported the handle (cuMemExportToShareableHandle): another process may map it,
+  // so it must never serve another request. Its pair, if any, goes back to the program's state.
+  VmDecision expose_handle(VmHandle h);
 
   // Every cached pair, ready or pending, leaves the cache: the real calls that give them back.
   // Pending ones too: the program gave them up, which natively it did with these very calls.

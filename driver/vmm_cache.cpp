@@ -49,27 +49,35 @@ bool VmmCache::plain_create(size_t size, const CUmemAllocationProp* prop, unsign
   const auto& f = prop->allocFlags;
   bool reserved_zero = true;
   for (unsigned char b : f.reserved) reserved_zero = reserved_zero && b == 0;
+  const bool handle_type = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ||
+                           prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-         prop->location.id >= 0 && prop->location.id < kMaxDevices && prop->requestedHandleTypes == 0 &&
-         prop->win32HandleMetaData == nullptr && f.compressionType == 0 && f.gpuDirectRDMACapable == 0 &&
+         prop->location.id >= 0 && prop->location.id < kMaxDevices && handle_type &&
+         prop->win32HandleMetaData == nullptr && f.compressionType == 0 && f.gpuDirectRDMACapable <= 1 &&
          f.usage == 0 && reserved_zero;
+}
+
+int VmmCache::kind_of(const CUmemAllocationProp& prop) {
+  return (prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? 1 : 0) |
+         (prop.allocFlags.gpuDirectRDMACapable != 0 ? 2 : 0);
 }
 
 bool VmmCache::plain_reserve(size_t size, CUdeviceptr addr, unsigned long long flags) {
   return size != 0 && addr == 0 && flags == 0;
 }
 
-VmmPairs& VmmCache::get(int device) {
-  if (VmmPairs* c = existing(device)) [[likely]] return *c;
+VmmPairs& VmmCache::get(int device, int kind) {
+  const int slot = device * kKinds + kind;
+  if (VmmPairs* c = existing(slot)) [[likely]] return *c;
   std::lock_guard lock(make_mutex_);
-  if (VmmPairs* c = existing(device)) return *c;
+  if (VmmPairs* c = existing(slot)) return *c;
   auto* c = new VmmPairs(device, [this] {
     auto fence = std::make_unique<AllContextsFence>();
     contexts_.record_device_fences(fence->parts);
     return std::unique_ptr<Fence>(std::move(fence));
   });
-  devices_[device].store(c, std::memory_order_release);
-  if (count_.load(std::memory_order_relaxed) <= device) count_.store(device + 1, std::memory_order_release);
+  devices_[slot].store(c, std::memory_order_release);
+  if (count_.load(std::memory_order_relaxed) <= slot) count_.store(slot + 1, std::memory_order_release);
   return *c;
 }
 
@@ -79,7 +87,7 @@ CUresult VmmCache::address_reserve(CUdeviceptr* ptr, size_t size, size_t alignme
   if (ptr == nullptr || !plain_reserve(size, addr, flags) || device < 0 || device >= kMaxDevices) {
     return d.cuMemAddressReserve(ptr, size, alignment, addr, flags);
   }
-  VmmPairs& c = get(device);
+  VmmPairs& c = get(device, last_kind_[device].load(std::memory_order_relaxed));
   if (auto base = c.lend_range(size, alignment)) {
     *ptr = static_cast<CUdeviceptr>(*base);
     return CUDA_SUCCESS;
@@ -94,7 +102,9 @@ CUresult VmmCache::create(CUmemGenericAllocationHandle* handle, size_t size, con
   const DriverApi& d = driver();
   if (handle == nullptr || !plain_create(size, prop, flags)) return d.cuMemCreate(handle, size, prop, flags);
   const int dev = prop->location.id;
-  VmmPairs& c = get(dev);
+  const int kind = kind_of(*prop);
+  last_kind_[dev].store(kind, std::memory_order_relaxed);
+  VmmPairs& c = get(dev, kind);
   if (auto h = c.lend_handle(size)) {
     *handle = static_cast<CUmemGenericAllocationHandle>(*h);
     return CUDA_SUCCESS;
@@ -133,6 +143,12 @@ CUresult VmmCache::address_free(CUdeviceptr ptr, size_t size) {
 CUresult VmmCache::retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr) {
   decide([&](VmmPairs& c) { return c.expose(reinterpret_cast<VmAddress>(addr)); });
   return driver().cuMemRetainAllocationHandle(handle, addr);
+}
+
+CUresult VmmCache::export_handle(void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                                 unsigned long long flags) {
+  decide([&](VmmPairs& c) { return c.expose_handle(static_cast<VmHandle>(handle)); });
+  return driver().cuMemExportToShareableHandle(shareable, handle, type, flags);
 }
 
 CUresult VmmCache::set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
@@ -176,8 +192,12 @@ std::string VmmCache::summary() const {
 }
 
 VmmStats VmmCache::stats(int device) const {
-  const VmmPairs* c = existing(device);
-  return c != nullptr ? c->stats() : VmmStats{};
+  VmmStats sum;
+  for (int kind = 0; kind < kKinds; ++kind) {
+    const VmmPairs* c = existing(device * kKinds + kind);
+    if (c != nullptr) sum += c->stats();
+  }
+  return sum;
 }
 
 }  // namespace cudalloc::shim

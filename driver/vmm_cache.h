@@ -30,6 +30,10 @@ namespace cudalloc::shim {
 class VmmCache {
  public:
   static constexpr int kMaxDevices = 64;
+  // Requests a cache serves differ in their handle type (none, or POSIX file descriptors: XLA
+  // asks for these) and in being RDMA-capable; each kind has its own pairs per device, so that
+  // a handle is never lent to a request that asked for another kind.
+  static constexpr int kKinds = 4;
 
   explicit VmmCache(LiveDeviceFences& contexts) : contexts_(contexts) {}
   VmmCache(const VmmCache&) = delete;
@@ -53,9 +57,14 @@ class VmmCache {
   CUresult unmap(CUdeviceptr ptr, size_t size);
   CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count);
   CUresult retain_allocation_handle(CUmemGenericAllocationHandle* handle, void* addr);
+  // An exported handle may be mapped by another process: it never becomes, or stays, a pair.
+  CUresult export_handle(void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                         unsigned long long flags);
 
   // Whether cuMemCreate / cuMemAddressReserve with these arguments is one the cache serves.
   static bool plain_create(size_t size, const CUmemAllocationProp* prop, unsigned long long flags);
+  // Which of the kKinds a served cuMemCreate is.
+  static int kind_of(const CUmemAllocationProp& prop);
   static bool plain_reserve(size_t size, CUdeviceptr addr, unsigned long long flags);
 
   // Gives the cached pairs of `device` (every device: -1) back to the driver; bytes released.
@@ -65,11 +74,11 @@ class VmmCache {
   VmmStats stats(int device) const;
 
  private:
-  VmmPairs* existing(int device) const {
-    return device >= 0 && device < kMaxDevices ? devices_[device].load(std::memory_order_acquire) : nullptr;
+  VmmPairs* existing(int slot) const {
+    return slot >= 0 && slot < kMaxDevices * kKinds ? devices_[slot].load(std::memory_order_acquire) : nullptr;
   }
-  VmmPairs& get(int device);
-  // Calls `f` with each device's cache.
+  VmmPairs& get(int device, int kind);
+  // Calls `f` with each device's cache of each kind.
   template <typename F>
   void each(F&& f) const {
     const int n = count_.load(std::memory_order_acquire);
@@ -99,8 +108,12 @@ class VmmCache {
   LiveDeviceFences& contexts_;
   std::function<std::size_t(int)> reclaimer_;
   std::mutex make_mutex_;
-  std::array<std::atomic<VmmPairs*>, kMaxDevices> devices_{};  // never freed: hooks run at exit
-  std::atomic<int> count_{0};                                   // one past the highest made
+  // Slot device * kKinds + kind; never freed: hooks run at exit.
+  std::array<std::atomic<VmmPairs*>, kMaxDevices * kKinds> devices_{};
+  std::atomic<int> count_{0};  // one past the highest slot made
+  // The kind of each device's last served cuMemCreate: a reserve, which names no kind, lends a
+  // range of that kind's pairs (a program makes one kind of buffer, as XLA does).
+  std::array<std::atomic<int>, kMaxDevices> last_kind_{};
 };
 
 }  // namespace cudalloc::shim

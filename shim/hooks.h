@@ -61,7 +61,8 @@
   X(cuMemMap)                         \
   X(cuMemUnmap)                       \
   X(cuMemSetAccess)                   \
-  X(cuMemRetainAllocationHandle)
+  X(cuMemRetainAllocationHandle)      \
+  X(cuMemExportToShareableHandle)
 
 #define CUDALLOC_DECLARE_HOOK(name) \
   CUDALLOC_EXPORT std::remove_pointer_t<decltype(cudalloc::shim::DriverApi::name)> name;

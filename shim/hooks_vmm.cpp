@@ -1,7 +1,9 @@
 // The program's own virtual memory calls (cuMemAddressReserve, cuMemCreate, cuMemMap,
 // cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), served from the cache of mapped
 // pairs (driver/vmm_cache.h). cuMemRetainAllocationHandle hands out a real handle of a mapping
-// the cache may hold, so the pair there goes back to the program's own state first. Passthrough
+// the cache may hold, so the pair there goes back to the program's own state first; a handle
+// cuMemExportToShareableHandle exports may be mapped by another process, so it never serves
+// another request. Passthrough
 // mode and the sanitizer's NVTX mode send every call to the driver: memcheck must see each of
 // the program's allocations as the driver's.
 #include "driver/vmm_cache.h"
@@ -79,4 +81,10 @@ CUDALLOC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUme
 CUDALLOC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
   if (VmmCache* c = vmm_cache()) return c->retain_allocation_handle(handle, addr);
   return driver().cuMemRetainAllocationHandle(handle, addr);
+}
+
+CUDALLOC_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                                      CUmemAllocationHandleType type, unsigned long long flags) {
+  if (VmmCache* c = vmm_cache()) return c->export_handle(shareable, handle, type, flags);
+  return driver().cuMemExportToShareableHandle(shareable, handle, type, flags);
 }

@@ -11,8 +11,10 @@
 //   oom_own      cudalloc's own allocation (cudaMalloc) out of memory: the same
 //   retain       cuMemRetainAllocationHandle on a cached pair's buffer: the real handle, and
 //                the releases balance
-//   not_plain    shareable handle types and fixed addresses: every call reaches the driver
+//   not_plain    POSIX-descriptor handles served; exported handles and fixed addresses: every
+//                call reaches the driver
 //   passthrough  (CUDALLOC_NO_CACHING=1) every call reaches the driver
+#include <unistd.h>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@ using MapFn = CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHa
 using UnmapFn = CUresult (*)(CUdeviceptr, size_t);
 using SetAccessFn = CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
 using RetainFn = CUresult (*)(CUmemGenericAllocationHandle*, void*);
+using ExportFn = CUresult (*)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
 
 struct Buffer {
   CUdeviceptr va = 0;
@@ -51,6 +54,7 @@ struct Vmm {
   UnmapFn unmap = proc<UnmapFn>(c, "cuMemUnmap", 12000);
   SetAccessFn set_access = proc<SetAccessFn>(c, "cuMemSetAccess", 12000);
   RetainFn retain = proc<RetainFn>(c, "cuMemRetainAllocationHandle", 12000);
+  ExportFn export_handle = proc<ExportFn>(c, "cuMemExportToShareableHandle", 10020);
   CUmemAllocationProp prop{};
   CUmemAccessDesc access{};
 
@@ -186,12 +190,29 @@ int retain(Client& c) {
 
 int not_plain(Client& c) {
   Vmm v(c);
-  v.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // as NCCL asks
+  CHECK_OR_DIE(client::is_cudalloc(reinterpret_cast<const void*>(v.export_handle)));
+  v.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // as XLA and NCCL ask
+  constexpr int kRounds = 20;
+  // Shareable handles never exported (XLA's buffers) are served, from pairs of their own kind.
   for (int i = 0; i < 3; ++i) v.put(v.get(2 * MiB));
   c.reset_stats();
-  constexpr int kRounds = 20;
   for (int i = 0; i < kRounds; ++i) v.put(v.get(2 * MiB));
   fakecuda_stats_t s = c.snapshot();
+  CHECK_OR_DIE(s.vm_create == 0 && s.vm_release == 0 && s.vm_map == 0 && s.vm_unmap == 0);
+  // Exported (NCCL hands its buffers to its peers): another process may map the handle, so it
+  // never serves again; every buffer is the driver's.
+  auto exported = [&] {
+    Buffer b = v.get(2 * MiB);
+    int fd = -1;
+    CHECK_OR_DIE(v.export_handle(&fd, b.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+    close(fd);
+    v.put(b);
+  };
+  exported();  // the pairs cached so far went to exports, or stay; what counts is the steady state
+  for (int i = 0; i < 3; ++i) exported();
+  c.reset_stats();
+  for (int i = 0; i < kRounds; ++i) exported();
+  s = c.snapshot();
   CHECK_OR_DIE(s.vm_create == kRounds && s.vm_release == kRounds && s.vm_map == kRounds && s.vm_unmap == kRounds);
   // A plain handle in a range reserved at a fixed address: the range is the driver's.
   v.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;

@@ -131,10 +131,6 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   ThreadCache* find_local_cache();
   // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
   void drain_own();
-  // What a thread may hold of cudaFree'd large blocks, under max_pending_mb.
-  std::size_t large_hold_bound() const { return ThreadCache::large_hold_bound(options.max_pending_bytes); }
-  // Whether a thread's deferred frees make a batch, under this allocator's options.
-  bool batch_due(const ThreadCache& cache) const { return cache.batch_due(options.free_epoch_bytes, large_hold_bound()); }
   std::size_t release_passed_batches(ThreadCache& cache);
   bool release_all_passed_batches();
   // Only its large bins (a large miss: small blocks cannot serve it).

@@ -46,7 +46,7 @@ class ThreadCache {
   // outstanding at a time, so this is also the number of pairs per fence. A batch refills a bin
   // kDepth blocks at a time. A thread's batches start smaller (batch_due) and grow to these.
   static constexpr std::size_t kBatchBlocks = 256;
-  static constexpr std::size_t kBatchBytes = 64 * kMiB;
+  static constexpr std::size_t kBatchBytes = 16 * kMiB;
   // A thread's first batches close at these, half a small segment's bytes, so that the first
   // closes before the segment it is cut from runs out; they double after kGrowAfter batches
   // closed at a size, up to kBatchBlocks and kBatchBytes.
@@ -206,15 +206,11 @@ class ThreadCache {
     held_large_bytes_ = 0;
   }
   // `large_bytes`: the deferred large blocks' bound (free_epoch_mb), at most a quarter of
-  // what the thread may hold so that several batches fit under it: a bound past it would leave them
+  // kLargeHeldBytes so that several batches fit under it: a bound past it would leave them
   // unfenced, with no batch to refill from.
-  // A thread whose batches lag their fences grows the large bound too (batch_lagged), past
-  // free_epoch_mb up to that quarter.
-  // `hold_bound`: large_hold_bound's answer, kLargeHeldBytes by default.
-  bool batch_due(std::size_t large_bytes, std::size_t hold_bound = kLargeHeldBytes) const {
+  bool batch_due(std::size_t large_bytes) const {
     return deferred_.size() >= batch_blocks_ || deferred_bytes_ >= batch_bytes_ ||
-           (deferred_large_bytes_ != 0 &&
-            deferred_large_bytes_ >= std::min(std::max(large_bytes, large_batch_bytes_), hold_bound / 4));
+           (deferred_large_bytes_ != 0 && deferred_large_bytes_ >= std::min(large_bytes, kLargeHeldBytes / 4));
   }
   // Closes the deferred frees as one batch, stamped with `ticket`.
   void close_batch(std::uint64_t ticket) {
@@ -238,10 +234,7 @@ class ThreadCache {
   // cutting a whole batch's worth of new segments first. A thread that keeps cycling earns
   // larger batches, and fewer fences per pair; so does one whose oldest batch is found short
   // of its fence (batch_lagged): fences then need more time than a batch gives them.
-  void batch_lagged() {
-    grow_batches();
-    large_batch_bytes_ = large_batch_bytes_ == 0 ? kLargeBatchStep : std::min(large_batch_bytes_ * 2, kLargeHeldBytes / 4);
-  }
+  void batch_lagged() { grow_batches(); }
   // Whether this cudaFree'd large block (of `size` bytes at `ptr`) is one of a size the thread
   // cycles (a workspace, a staging buffer), whose frees wait in its batches
   // (Impl::free_large_deferred). kSameSize: the thread freed that size last (a whole segment,
@@ -386,9 +379,6 @@ class ThreadCache {
     batch_bytes_ = std::min(batch_bytes_ * 2, kBatchBytes);
     closed_at_size_ = 0;
   }
-  // The large bound earned by lagging (0: free_epoch_mb alone), from this step.
-  static constexpr std::size_t kLargeBatchStep = 64 * kMiB;
-  std::size_t large_batch_bytes_ = 0;
   std::size_t batch_blocks_ = kFirstBatchBlocks;
   std::size_t batch_bytes_ = kFirstBatchBytes;
   std::size_t closed_at_size_ = 0;

@@ -349,7 +349,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
       // rather than cut more: a program far ahead of the device stays within the bound.
       Refill r = refill(cache, stream, rounded, BusyFence::kWait);
       if (r == Refill::kNone && !cache.batches().empty() &&
-          !cache.may_defer_large(rounded, large_hold_bound())) {
+          !cache.may_defer_large(rounded, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
         batch_fences.wait_passed(cache.batches().front().ticket, backend);
         cache.note_pending_wait();
         r = refill(cache, stream, rounded, BusyFence::kWait);
@@ -490,7 +490,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
     // Read under the lock: another thread may drain the cache.
-    const bool due = batch_due(cache);
+    const bool due = cache.batch_due(options.free_epoch_bytes);
     held.unlock();
     return due ? close_batch(cache) : Status::kOk;
   }
@@ -537,7 +537,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
   // A split block of a size the thread cycles waits too: it comes back to this thread's large
   // bins (refill), and to the pools when its next large miss drains them.
   const bool whole = whole_segment || (cycles && !b->segment->expandable);
-  if (!whole || !cache.may_defer_large(b->size, large_hold_bound())) {
+  if (!whole || !cache.may_defer_large(b->size, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
     // Past the bound, what waits unfenced is fenced now: no later large free of this thread
     // closes its batch while the bound holds.
     const bool fence_waiting = whole && cache.holds_large_deferred();
@@ -550,7 +550,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
   if (events.observed()) observed_free(b, stream, locality, call);
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
-  const bool due = batch_due(cache);
+  const bool due = cache.batch_due(options.free_epoch_bytes);
   held.unlock();
   return due ? close_batch(cache) : Status::kOk;
 }
@@ -573,7 +573,7 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
   {
     std::lock_guard lock(cache.lock);
     // Another thread's drain may have taken the deferred frees since they were counted.
-    if (when == CloseWhen::kNow ? !cache.deferred().empty() : batch_due(cache)) {
+    if (when == CloseWhen::kNow ? !cache.deferred().empty() : cache.batch_due(options.free_epoch_bytes)) {
       ticket = batch_fences.stamp();
       cache.close_batch(ticket);
     }
@@ -613,7 +613,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
       count_deferred(m, cache, b);
-      const bool due = m.batch_due(cache);
+      const bool due = cache.batch_due(m.options.free_epoch_bytes);
       cache.lock.unlock();
       return due ? m.close_batch(cache) : Status::kOk;
     }

@@ -530,7 +530,7 @@ TEST_CASE("a thread whose next batch waits on another thread's recording takes a
 }
 
 TEST_CASE("a thread takes at most a batch's blocks or bytes from the pools before it waits for another thread's recording") {
-  // 1 MiB blocks: a batch closes at kBatchBytes, 64 blocks, and the bridges stop at as many.
+  // 1 MiB blocks: a batch closes at kBatchBytes, 16 blocks, and the bridges stop at as many.
   // 4 KiB blocks: at kBatchBlocks, 256 blocks (1 MiB).
   const std::size_t kBlock = GENERATE(as<std::size_t>{}, 1024 * 1024, 4096);
   const std::size_t kBlocks = std::min(ThreadCache::kBatchBytes / kBlock, ThreadCache::kBatchBlocks);

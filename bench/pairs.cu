@@ -6,6 +6,7 @@
 //   pairs --short N [--size BYTES]
 //   pairs --short-threads T [--iters N] [--size BYTES]
 //   pairs --mix LIVE --vs-pool [--iters N]
+//   pairs --host [--iters N] [--size BYTES]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own cost is not counted as allocator time), or for --mix the median
 // per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
@@ -523,6 +524,27 @@ static void vs_pool(size_t size, int iters, int rounds, int only) {
   cudaStreamDestroy(s);
 }
 
+// --host: cudaHostAlloc + cudaFreeHost pairs (pinned host memory, default flags) of 4 KiB, 64 KiB,
+// 1 MiB and 16 MiB (or --size), `iters` of each after one warm-up pair: the mean per pair, since
+// natively every pair pins and unpins pages and its cost grows with the size.
+static void host_pairs(int iters, size_t only_size) {
+  std::vector<size_t> sizes{4096, 65536, 1 << 20, 16 << 20};
+  if (only_size != 0) sizes = {only_size};
+  for (size_t size : sizes) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, size, cudaHostAllocDefault) != cudaSuccess) die(cudaGetLastError(), "cudaHostAlloc");
+    cudaFreeHost(p);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (cudaHostAlloc(&p, size, cudaHostAllocDefault) != cudaSuccess) die(cudaGetLastError(), "cudaHostAlloc");
+      static_cast<volatile char*>(p)[0] = 1;  // the memory is used, as a staging buffer is
+      cudaFreeHost(p);
+    }
+    const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
+    std::printf("host size=%zu pairs=%d mean_ns=%.0f\n", size, iters, ns);
+  }
+}
+
 int main(int argc, char** argv) {
   bool async = false;
   int iters = 20000, nthreads = 0;
@@ -536,6 +558,7 @@ int main(int argc, char** argv) {
   int only = 0;  // --vs-pool --only ours|pool: 1 or 2
   int short_n = 0;  // --short N
   int short_t = 0;  // --short-threads T
+  bool host = false;  // --host
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--async")) async = true;
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
@@ -553,6 +576,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--private")) g_private = true;
     else if (!std::strcmp(argv[i], "--short")) short_n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--short-threads")) short_t = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--host")) host = true;
     else if (!std::strcmp(argv[i], "--threads-ab")) {
       if (std::sscanf(argv[++i], "%d,%d", &ab_a, &ab_b) != 2 || ab_a < 1 || ab_b < 1) {
         std::fprintf(stderr, "--threads-ab wants two thread counts, as 1,8\n");
@@ -622,6 +646,10 @@ int main(int argc, char** argv) {
   }
   if (short_n > 0) {
     short_loops(short_n, only_size);
+    return 0;
+  }
+  if (host) {
+    host_pairs(iters, only_size);
     return 0;
   }
   if (short_t > 0) {

@@ -319,6 +319,21 @@ def main():
         if any(l.startswith("## Short loops") for l in report_lines(results(), src, out, "no short tables")):
             fails("a results file without micro.short got a short-loop table")
 
+        # Pinned host pairs and CuPy: one row per size with the speedup; one row per mode with
+        # the checksum compared with native's; absent parts say so.
+        res = results()
+        res["host"] = {"native": [{"kind": "host", "size": 4096.0, "mean_ns": 800000.0}],
+                       "cudalloc": [{"kind": "host", "size": 4096.0, "mean_ns": 400.0}]}
+        res["cupy"] = {"native": {"round_ms": 200.0, "checksum": "0x1p+0"},
+                       "cudalloc": {"round_ms": 50.0, "checksum": "0x1p+1"}}
+        md = report_lines(res, src, out, "host and CuPy tables")
+        for want in (f"| 4096 B | {fmt_ns(800000.0)} | {fmt_ns(400.0)} | 2000x |", "| cudalloc | 50.0 ms | 4.00x | no |"):
+            if want not in md:
+                fails(f"row {want!r} not in {md}")
+        md = report_lines(results(), src, out, "no host or CuPy results")
+        if sum(l.startswith(NOT_MEASURED.capitalize()) for l in md) < 2:
+            fails(f"missing host and CuPy results not reported as such: {md}")
+
         # Unreadable input (truncated, or JSON of another shape): one line on stderr, exit
         # status 2, no traceback.
         for bad in ('{"micro": ', '{"device": "a string", "micro": {}}', '[1, 2]'):

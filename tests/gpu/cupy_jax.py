@@ -2,6 +2,7 @@
 
     python3 tests/gpu/cupy_jax.py cupy   # CuPy with its memory pool off: every array is a cudaMalloc
     python3 tests/gpu/cupy_jax.py jax    # run with XLA_PYTHON_CLIENT_ALLOCATOR=platform
+    python3 tests/gpu/cupy_jax.py cupy-time   # the CuPy work timed: median ms per round of it
 """
 import sys
 
@@ -31,6 +32,25 @@ def jax_work():
     return acc
 
 
+def cupy_timed(rounds=7):
+    """Median wall time of cupy_work() (after one warm-up round), and its result."""
+    import statistics
+    import time
+    import cupy as cp
+    acc = cupy_work()
+    times = []
+    for _ in range(rounds):
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        acc = cupy_work()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), acc
+
+
 if __name__ == "__main__":
     which = sys.argv[1]
-    print(f"{which} {(cupy_work() if which == 'cupy' else jax_work()).hex()}")
+    if which == "cupy-time":
+        ms, acc = cupy_timed()
+        print(f"cupy_steps round_ms={ms:.3f} checksum={acc.hex()}")
+    else:
+        print(f"{which} {(cupy_work() if which == 'cupy' else jax_work()).hex()}")

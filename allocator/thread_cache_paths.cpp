@@ -325,6 +325,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   Block* b = nullptr;
   bool spilled = false;
   Bridge bridge = Bridge::kNo;
+  std::uint64_t wait_for = 0;  // the ticket of the oldest batch, for a thread at its bound
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
@@ -347,15 +348,27 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
       // another thread is recording is waited for (no bridge): what a large miss takes from the
       // pools is mostly new memory. A thread that holds all it may waits for its oldest batch
       // rather than cut more: a program far ahead of the device stays within the bound.
-      Refill r = refill(cache, stream, rounded, BusyFence::kWait);
-      if (r == Refill::kNone && !cache.batches().empty() &&
-          !cache.may_defer_large(rounded, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
-        batch_fences.wait_passed(cache.batches().front().ticket, backend);
-        cache.note_pending_wait();
-        r = refill(cache, stream, rounded, BusyFence::kWait);
+      const Refill r = refill(cache, stream, rounded, BusyFence::kWait);
+      if (r == Refill::kDone) {
+        b = cache.pop(stream, rounded);
+      } else if (!cache.batches().empty() &&
+                 !cache.may_defer_large(rounded, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
+        wait_for = cache.batches().front().ticket;
       }
-      if (r == Refill::kDone) b = cache.pop(stream, rounded);
     }
+    if (b != nullptr) {
+      count_hit(*this, cache, b, bytes);
+      cache.live.insert(b->ptr, b);
+    }
+    spilled = !cache.spill().empty();
+  }
+  if (wait_for != 0) {
+    // Not under the cache's lock: every locked operation of the other threads folds this
+    // cache's statistics under it, and the device may take milliseconds.
+    batch_fences.wait_passed(wait_for, backend);
+    std::lock_guard lock(cache.lock);
+    cache.note_pending_wait();
+    if (refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) b = cache.pop(stream, rounded);
     if (b != nullptr) {
       count_hit(*this, cache, b, bytes);
       cache.live.insert(b->ptr, b);

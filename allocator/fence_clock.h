@@ -47,18 +47,36 @@ class FenceClock {
   }
 
   // Waits until every batch up to `ticket` is past its fence, recording one if none covers it:
-  // for a caller that holds all it may and would otherwise cut new memory.
-  void wait_passed(std::uint64_t ticket, SegmentBackend& backend) {
-    if (passed(ticket, backend)) return;
+  // for a caller that holds all it may and would otherwise cut new memory. False when a fence
+  // cannot be waited for now (a capture is on): the caller goes on without it. Waits as the
+  // querying thread (querying_), so that no other thread queries the same fence meanwhile.
+  bool wait_passed(std::uint64_t ticket, SegmentBackend& backend) {
+    if (passed(ticket, backend)) return true;
     for (;;) {
       std::shared_ptr<Fence> oldest;
+      std::uint64_t covers = 0;
       {
         std::lock_guard lock(lock_);
-        if (known_past(ticket) || recorded_.empty()) return;
-        oldest = recorded_.front().fence;
+        if (known_past(ticket) || recorded_.empty()) return known_past(ticket);
+        if (!querying_) {
+          querying_ = true;
+          oldest = recorded_.front().fence;
+          covers = recorded_.front().covers;
+        }
       }
-      oldest->wait();
-      retire_done(ticket, /*wait=*/true);
+      if (oldest == nullptr) {
+        std::this_thread::yield();
+        continue;
+      }
+      const bool waited = oldest->wait();
+      std::lock_guard lock(lock_);
+      querying_ = false;
+      if (!waited) return false;
+      // clear() may have run meanwhile: only retire what is still the oldest.
+      if (!recorded_.empty() && recorded_.front().fence == oldest) {
+        done_through_.store(std::max(done_through(), covers), std::memory_order_release);
+        recorded_.pop_front();
+      }
     }
   }
 

@@ -53,8 +53,8 @@ class ThreadCache {
   static constexpr std::size_t kFirstBatchBlocks = 32;
   static constexpr std::size_t kFirstBatchBytes = kSmallBuffer / 2;
   static constexpr std::size_t kGrowAfter = 8;
-  // Past this many full batches' worth of blocks in closed batches the owner hands the older
-  // ones to the device allocator. (Deferred frees never pile up past a batch: one is closed at
+  // Past this many full batches' worth of blocks (or small blocks' bytes) in closed batches the
+  // owner hands the older ones to the device allocator. (Deferred frees never pile up past a batch: one is closed at
   // kBatchBlocks.)
   static constexpr std::size_t kMaxBatches = 8;
   // Large bins: a loop needs one block per size it cycles through, a double buffer two.
@@ -222,11 +222,18 @@ class ThreadCache {
     deferred_large_bytes_ = 0;
   }
   std::deque<Batch>& batches() { return batches_; }
-  // Whether the closed batches hold more than kMaxBatches full batches' worth of blocks.
+  // Whether the closed batches hold more than kMaxBatches full batches' worth of blocks, or of
+  // small blocks' bytes (large ones have their own bound, kLargeHeldBytes).
   bool batches_overflow() const {
     std::size_t n = 0;
-    for (const Batch& b : batches_) n += b.blocks.size();
-    return n > kMaxBatches * kBatchBlocks;
+    std::size_t small_bytes = 0;
+    for (const Batch& batch : batches_) {
+      n += batch.blocks.size();
+      for (const Block* b : batch.blocks) {
+        if (b->pool == PoolKind::kSmall) small_bytes += b->size;
+      }
+    }
+    return n > kMaxBatches * kBatchBlocks || small_bytes > kMaxBatches * kBatchBytes;
   }
   // Each block of a batch is one the thread first took from the pools (its batches are in
   // flight while the next one fills), so a thread's first batches are small: a short loop or a

@@ -268,8 +268,10 @@ std::size_t Impl::release_passed_batches(ThreadCache& cache) {
 bool Impl::release_all_passed_batches() {
   std::size_t released = 0;
   for (auto& cache : caches) {
-    std::lock_guard lock(cache->lock);
-    if (!cache->holds_large_pending()) continue;
+    // A cache whose owner is busy with it is skipped rather than waited for: its owner may be
+    // recording or querying a fence under its lock.
+    std::unique_lock lock(cache->lock, std::try_to_lock);
+    if (!lock.owns_lock() || !cache->holds_large_pending()) continue;
     stats.fold(*cache);
     released += release_passed_batches(*cache);
   }
@@ -351,8 +353,9 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
       const Refill r = refill(cache, stream, rounded, BusyFence::kWait);
       if (r == Refill::kDone) {
         b = cache.pop(stream, rounded);
-      } else if (!cache.batches().empty() &&
-                 !cache.may_defer_large(rounded, ThreadCache::large_hold_bound(options.max_pending_bytes))) {
+      } else if (const std::size_t bound = ThreadCache::large_hold_bound(options.max_pending_bytes);
+                 !cache.batches().empty() && rounded <= bound && !cache.may_defer_large(rounded, bound)) {
+        // (A request past the bound could never wait here: waiting would gain it nothing.)
         wait_for = cache.batches().front().ticket;
       }
     }
@@ -365,9 +368,9 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   if (wait_for != 0) {
     // Not under the cache's lock: every locked operation of the other threads folds this
     // cache's statistics under it, and the device may take milliseconds.
-    batch_fences.wait_passed(wait_for, backend);
+    const bool waited = batch_fences.wait_passed(wait_for, backend);
     std::lock_guard lock(cache.lock);
-    cache.note_pending_wait();
+    if (waited) cache.note_pending_wait();
     if (refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) b = cache.pop(stream, rounded);
     if (b != nullptr) {
       count_hit(*this, cache, b, bytes);

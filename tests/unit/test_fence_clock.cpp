@@ -20,6 +20,11 @@ class GatedBackend final : public SegmentBackend {
   std::atomic<bool> inside{false};    // a record or query is blocked now
   std::atomic<int> records{0};
   std::atomic<int> queries{0};
+  std::atomic<bool> waitable{true};  // wait() can wait (false: a capture is on)
+  std::atomic<int> waits{0};
+  std::atomic<int> overlaps{0};  // a query made while another thread was inside wait()
+  std::atomic<bool> hold_wait{false};  // wait() blocks while set
+  std::atomic<bool> in_wait{false};
 
   void gate() {
     inside = true;
@@ -32,10 +37,19 @@ class GatedBackend final : public SegmentBackend {
     explicit GatedFence(GatedBackend& b) : b_(b) {}
     bool done() override {
       ++b_.queries;
+      if (b_.in_wait) ++b_.overlaps;
       b_.gate();
       return b_.complete;
     }
-    bool wait() override { return true; }
+    bool wait() override {
+      ++b_.waits;
+      if (!b_.waitable) return false;
+      b_.in_wait = true;
+      while (b_.hold_wait) std::this_thread::yield();
+      b_.in_wait = false;
+      b_.complete = true;
+      return true;
+    }
 
    private:
     GatedBackend& b_;
@@ -226,4 +240,31 @@ TEST_CASE("try_passed records a fence itself when no other thread is, and waits 
       backend, [&] { return clock.try_passed(ticket, backend); }, [&] { clock.passed_now(ticket, /*wait=*/true); });
   CHECK(answer == FenceClock::Answer::kPassed);
   CHECK(backend.records == 1);
+}
+
+TEST_CASE("wait_passed waits for a fence only as the querying thread, and gives up when it cannot wait") {
+  GatedBackend backend;
+  FenceClock clock;
+  const std::uint64_t ticket = clock.stamp();
+  clock.cover(ticket, backend);
+  // While one thread waits for the fence, another thread's query of it waits its turn (two
+  // threads in one fence's calls would give its events back twice).
+  backend.hold_wait = true;
+  std::thread waiter([&] { CHECK(clock.wait_passed(ticket, backend)); });
+  while (!backend.in_wait) std::this_thread::yield();
+  std::thread asker([&] { CHECK(clock.passed_now(ticket, /*wait=*/true)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  backend.hold_wait = false;
+  waiter.join();
+  asker.join();
+  CHECK(backend.overlaps == 0);
+  CHECK(clock.passed_now(ticket));
+  // A fence that cannot be waited for now: an answer at once, not a spin.
+  GatedBackend capturing;
+  capturing.waitable = false;
+  FenceClock other;
+  const std::uint64_t t = other.stamp();
+  CHECK_FALSE(other.wait_passed(t, capturing));
+  CHECK(capturing.waits == 1);
+  CHECK_FALSE(other.passed_now(t));
 }

@@ -82,7 +82,14 @@ struct Answer {
   Reply reply;
   std::vector<DriverBackend::MappedChunk> chunks;
   ContextState* state = nullptr;
+  Export exported{};  // the block the answer is about
 };
+
+// Whether the exported block is still the hand-out that was exported.
+bool still_exported(const Export& ex) {
+  const auto info = ex.state->allocator.find(ex.base);
+  return info && info->base == ex.base && info->buffer_id == ex.buffer_id;
+}
 
 Answer look_up(Exporter& e, const std::optional<Request>& request) {
   Answer a;
@@ -104,14 +111,13 @@ Answer look_up(Exporter& e, const std::optional<Request>& request) {
     }
     ex = it->second;
   }
-  const auto info = ex.state->allocator.find(ex.base);
-  if (!info || info->base != ex.base || info->buffer_id != ex.buffer_id ||
-      !ex.state->backend.describe_range(ex.base, ex.size, &a.chunks)) {
+  if (!still_exported(ex) || !ex.state->backend.describe_range(ex.base, ex.size, &a.chunks)) {
     a.chunks.clear();
     a.reply.refusal = Refusal::kUnknownExport;
     return a;
   }
   a.state = ex.state;
+  a.exported = ex;
   a.reply.device = static_cast<std::int32_t>(ex.state->device);
   a.reply.size = ex.size;
   a.reply.block_offset = ex.base - a.chunks.front().va;
@@ -120,7 +126,8 @@ Answer look_up(Exporter& e, const std::optional<Request>& request) {
 }
 
 // Sends the chunks' descriptors, kFdsPerMessage at a time, each batch exported just before it
-// goes and closed just after. A chunk the driver will not export ends the answer with its error.
+// goes and closed just after. A chunk the driver will not export ends the answer with its error,
+// and so does a block freed since the answer began (its chunks may serve another hand-out by now).
 void send_chunks(int c, const Answer& a) {
   CurrentContext current(a.state->ctx);
   std::vector<int> fds;
@@ -131,6 +138,7 @@ void send_chunks(int c, const Answer& a) {
       r = a.state->backend.export_chunk(a.chunks[i].va, a.chunks[i].bytes, &fd);
       if (r == CUDA_SUCCESS) fds.push_back(fd);
     }
+    if (r == CUDA_SUCCESS && !still_exported(a.exported)) r = CUDA_ERROR_INVALID_VALUE;
     if (r != CUDA_SUCCESS) close_all(fds);
     const bool sent = send_fds(c, static_cast<std::int32_t>(r), fds);
     close_all(fds);

@@ -249,14 +249,18 @@ TEST_CASE("wait_passed waits for a fence only as the querying thread, and gives 
   clock.cover(ticket, backend);
   // While one thread waits for the fence, another thread's query of it waits its turn (two
   // threads in one fence's calls would give its events back twice).
+  // (Catch's assertions are for the test's own thread: the others only note their answers.)
   backend.hold_wait = true;
-  std::thread waiter([&] { CHECK(clock.wait_passed(ticket, backend)); });
+  std::atomic<bool> waited{false}, asked{false};
+  std::thread waiter([&] { waited = clock.wait_passed(ticket, backend); });
   while (!backend.in_wait) std::this_thread::yield();
-  std::thread asker([&] { CHECK(clock.passed_now(ticket, /*wait=*/true)); });
+  std::thread asker([&] { asked = clock.passed_now(ticket, /*wait=*/true); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   backend.hold_wait = false;
   waiter.join();
   asker.join();
+  CHECK(waited);
+  CHECK(asked);
   CHECK(backend.overlaps == 0);
   CHECK(clock.passed_now(ticket));
   // A fence that cannot be waited for now: an answer at once, not a spin.

@@ -129,9 +129,13 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status close_batch(ThreadCache& cache, CloseWhen when = CloseWhen::kDue);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
   ThreadCache* find_local_cache();
-  // This thread's cache, drained back to the pools (a small miss, before new memory is cut).
+  // A small miss, before new memory is cut: this thread's bins, spill and batches past their
+  // fences go back to the pools; its deferred frees and the batches still waiting stay.
   void drain_own();
+  // Under the cache's lock: its batches past their fences go back to the pools; how many blocks.
   std::size_t release_passed_batches(ThreadCache& cache);
+  // A large miss about to cut new memory: every thread's batches past their fences, the caches
+  // busy with their owners skipped; whether any block went back.
   bool release_all_passed_batches();
   // Only its large bins (a large miss: small blocks cannot serve it).
   void drain_own_large();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -31,7 +32,9 @@ class TestBackend final : public HostBackend {
   ~TestBackend() override {
     for (const auto& entry : live) std::free(entry.first);
   }
+  // The cache calls these from any thread (its size classes lock apart), as it would the driver.
   Status allocate(std::size_t bytes, unsigned flags, void** out) override {
+    std::lock_guard lock(mutex);
     if (fail_next) {
       fail_next = false;
       return Status::kOutOfMemory;
@@ -43,6 +46,7 @@ class TestBackend final : public HostBackend {
     return Status::kOk;
   }
   Status free(void* p) override {
+    std::lock_guard lock(mutex);
     auto it = live.find(p);
     if (it == live.end()) return Status::kInvalidValue;
     live.erase(it);
@@ -51,6 +55,7 @@ class TestBackend final : public HostBackend {
     return Status::kOk;
   }
   std::unique_ptr<Fence> record_fence() override {
+    std::lock_guard lock(mutex);
     ++fences;
     auto d = std::make_shared<bool>(fences_done);
     last = d;
@@ -65,6 +70,7 @@ class TestBackend final : public HostBackend {
   bool fences_done = true;  // a fence recorded now is already done (an idle device)
   bool fail_next = false;
   std::shared_ptr<bool> last;
+  std::mutex mutex;
 };
 
 struct Fixture {

@@ -328,6 +328,14 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   bool spilled = false;
   Bridge bridge = Bridge::kNo;
   std::uint64_t wait_for = 0;  // the ticket of the oldest batch, for a thread at its bound
+  // Under the cache's lock: a block found is handed out; blocks spilled go to the allocator.
+  const auto settle = [&] {
+    if (b != nullptr) {
+      count_hit(*this, cache, b, bytes);
+      cache.live.insert(b->ptr, b);
+    }
+    spilled = !cache.spill().empty();
+  };
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
@@ -359,11 +367,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
         wait_for = cache.batches().front().ticket;
       }
     }
-    if (b != nullptr) {
-      count_hit(*this, cache, b, bytes);
-      cache.live.insert(b->ptr, b);
-    }
-    spilled = !cache.spill().empty();
+    settle();
   }
   if (wait_for != 0) {
     // Not under the cache's lock: every locked operation of the other threads folds this
@@ -372,11 +376,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
     std::lock_guard lock(cache.lock);
     if (waited) cache.note_pending_wait();
     if (refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) b = cache.pop(stream, rounded);
-    if (b != nullptr) {
-      count_hit(*this, cache, b, bytes);
-      cache.live.insert(b->ptr, b);
-    }
-    spilled = !cache.spill().empty();
+    settle();
   }
   if (spilled) {
     std::lock_guard lock(mutex);

@@ -708,13 +708,21 @@ CUresult DriverBackend::map_handle(DevicePtr va, std::size_t bytes, CUmemGeneric
   return r;
 }
 
+// What a call that maps new memory holds for its whole length: the virtual-memory lock, its
+// profile site, the context current, and relaxed capture mode (so that it never invalidates
+// another thread's capture).
+struct DriverBackend::MapCall {
+  explicit MapCall(DriverBackend& b) : vm(b.vm_mutex_), current(b.ctx_), relaxed(b.captures_.any()) {}
+  std::lock_guard<std::mutex> vm;
+  profile::Scope timed{profile::Site::kMap};
+  CurrentContext current;
+  RelaxedCaptureMode relaxed;
+};
+
 Status DriverBackend::map(DevicePtr va, std::size_t bytes) {
   if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  std::lock_guard vm(vm_mutex_);
-  profile::Scope timed(profile::Site::kMap);
+  MapCall call(*this);
   const DriverApi& d = driver();
-  CurrentContext current(ctx_);
-  RelaxedCaptureMode relaxed(captures_.any());
   CUmemGenericAllocationHandle h = 0;
   CUresult r = create_chunk(&h, bytes);
   if (r != CUDA_SUCCESS) return to_status(r);
@@ -787,11 +795,8 @@ bool DriverBackend::can_remap() const { return !dead() && supports_virtual_memor
 // set once for the whole range.
 Status DriverBackend::map_pages(DevicePtr va, std::size_t bytes, std::size_t page) {
   if (dead()) return refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  std::lock_guard vm(vm_mutex_);
-  profile::Scope timed(profile::Site::kMap);
+  MapCall call(*this);
   const DriverApi& d = driver();
-  CurrentContext current(ctx_);
-  RelaxedCaptureMode relaxed(captures_.any());
   const std::size_t g = page;
   if (g == 0 || g % vm_granularity() != 0 || bytes % g != 0) return Status::kInvalidValue;
   std::vector<std::pair<DevicePtr, CUmemGenericAllocationHandle>> made;

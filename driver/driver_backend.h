@@ -138,6 +138,7 @@ class DriverBackend final : public SegmentBackend {
   // without it and every map after it sees the grant. Those run under the allocator's device
   // lock already, so it costs them no waiting; cached allocations never take it.
   std::mutex vm_mutex_;
+  struct MapCall;  // driver_backend.cpp
   std::vector<CUdevice> access_devices_;  // this device, then granted peers; under vm_mutex_
   // Segments given back while a capture was on (cuMemFree would break a global capture), with
   // their sizes: they count against the limit until freed (backend.h, kDeferred).

@@ -16,6 +16,8 @@
 
 namespace cudalloc {
 
+class SubmissionWatch;
+
 // A point in a stream's (or every stream's) queue. Completes once all work queued before it ran.
 class Fence {
  public:
@@ -64,6 +66,10 @@ class SegmentBackend {
   virtual std::unique_ptr<Fence> record_fence(StreamHandle stream) = 0;
   // A fence after all work queued so far on every stream of the device.
   virtual std::unique_ptr<Fence> record_device_fence() = 0;
+
+  // Notes of the device work the program queues (submission_watch.h), or null when the
+  // backend cannot see it all: then every cudaFree'd block waits for a fence of its own.
+  virtual SubmissionWatch* submission_watch() { return nullptr; }
 
   // --- device facts
   virtual std::size_t total_memory() const = 0;

@@ -23,6 +23,7 @@
 
 #include "allocator/backend.h"
 #include "allocator/spin_lock.h"
+#include "allocator/submission_watch.h"
 
 namespace cudalloc {
 
@@ -128,6 +129,11 @@ class FenceClock {
       recording_ = true;
     }
     for (int round = 0;; ++round) {
+      // A ticket of the fence's own, stamped before the watch is cleared: a free that finds
+      // the watch still clean is covered by this fence (submission_watch.h). A watch clean
+      // already keeps its older ticket, which needs no newer fence: moved on at every fence, it
+      // would stay ahead of what the refills have found passed.
+      if (watch_ != nullptr && watch_->quiet_since(slot_) == 0) watch_->clear(slot_, stamp());
       // Every ticket stamped before this load: the fence recorded next covers it.
       const std::uint64_t want = next_ticket_.load(std::memory_order_acquire) - 1;
       auto fence = backend.record_device_fence();
@@ -141,7 +147,37 @@ class FenceClock {
     }
   }
 
+  // Takes a slot of the backend's submission watch, if it has one. Before the first stamp.
+  void attach(SegmentBackend& backend) {
+    SubmissionWatch* w = backend.submission_watch();
+    if (w == nullptr) return;
+    slot_ = w->open_slot();
+    if (slot_ == SubmissionWatch::kNoSlot) return;
+    watch_ = w;
+    quiet_state_ = w->state_of(slot_);
+  }
+
+  // Whether a cudaFree now may reuse its block at once: no device work was queued since a
+  // fence of this clock began recording, and that fence has passed (submission_watch.h). No
+  // lock, no call: two loads.
+  bool quiet() const {
+    if (quiet_state_ == nullptr) return false;
+    const std::uint64_t ticket = SubmissionWatch::quiet_ticket(quiet_state_->load(std::memory_order_acquire));
+    return ticket != 0 && known_past(ticket);
+  }
+
+  // After a refill found its batch past: the fences up to the watch's quiet ticket are asked
+  // too (no recording, no waiting), so that the frees stop waiting for fences as soon as the
+  // device has caught up. A refill asks only for its own batch's, which lags behind the
+  // quiet ticket by the batches still outstanding.
+  void catch_up_quiet() {
+    if (quiet_state_ == nullptr) return;
+    const std::uint64_t ticket = SubmissionWatch::quiet_ticket(quiet_state_->load(std::memory_order_acquire));
+    if (ticket != 0 && !known_past(ticket)) retire_done(ticket, /*wait=*/false);
+  }
+
   void clear() {
+    if (watch_ != nullptr) watch_->mark_dirty(slot_);
     std::lock_guard lock(lock_);
     recorded_.clear();
     covered_ = done_through();
@@ -222,6 +258,10 @@ class FenceClock {
   std::uint64_t wanted_ = 0;   // the newest ticket cover() was asked for
   bool recording_ = false;
   bool querying_ = false;
+  // Set by attach(), then read only.
+  SubmissionWatch* watch_ = nullptr;
+  int slot_ = SubmissionWatch::kNoSlot;
+  const std::atomic<std::uint64_t>* quiet_state_ = nullptr;
   std::deque<Recorded> recorded_;
 };
 

@@ -18,7 +18,9 @@ std::atomic<std::uint64_t> next_allocator_id{1};
 using Impl = DeviceAllocator::Impl;
 
 Impl::Impl(SegmentBackend& b, const AllocatorOptions& o, int dev)
-    : backend(b), options(o), sizes(o), device(dev), id(next_allocator_id.fetch_add(1)) {}
+    : backend(b), options(o), sizes(o), device(dev), id(next_allocator_id.fetch_add(1)) {
+  batch_fences.attach(b);
+}
 
 // A freed block stops being active and becomes reusable.
 void Impl::release_block(Block* b) {

@@ -327,6 +327,7 @@ void SimBackend::enqueue_access(StreamHandle handle, DevicePtr ptr, std::size_t 
     std::erase_if(accesses_, [&](const Access& a) { return a.stream == handle && a.seq == seq; });
   });
   ++s.enqueued;
+  watch_.note();
 }
 
 void SimBackend::set_capturing(bool capturing) {
@@ -339,6 +340,7 @@ void SimBackend::enqueue(StreamHandle handle, std::function<void()> work) {
   Stream& s = stream(handle);
   s.work.push_back(std::move(work));
   ++s.enqueued;
+  watch_.note();
 }
 
 std::size_t SimBackend::run_locked(StreamHandle handle, std::uint64_t until) {

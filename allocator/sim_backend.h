@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "allocator/backend.h"
+#include "allocator/submission_watch.h"
 
 namespace cudalloc {
 
@@ -28,6 +29,10 @@ struct SimOptions {
   // Every stream orders with the legacy stream, as in a program with no non-blocking stream:
   // device fences order reuse (backend.h), as the driver backend's do in such a context.
   bool blocking_streams = false;
+  // Watch the work queued (enqueue, enqueue_access) as the shim watches the program's launches:
+  // a cudaFree with no work queued since a passed fence reuses its block at once
+  // (submission_watch.h). Off, every cudaFree'd block waits for a fence of its own.
+  bool watch_submissions = false;
 };
 
 enum class SimOp { kAllocate, kFree, kReserve, kMap, kUnmap, kDeviceFence, kRemap };
@@ -43,6 +48,7 @@ class SimBackend final : public SegmentBackend {
   std::unique_ptr<Fence> record_fence(StreamHandle stream) override;
   std::unique_ptr<Fence> record_device_fence() override;
   std::size_t total_memory() const override;
+  SubmissionWatch* submission_watch() override { return options_.watch_submissions ? &watch_ : nullptr; }
   bool supports_virtual_memory() const override { return options_.virtual_memory; }
   std::size_t vm_granularity() const override { return options_.vm_granularity; }
   Status reserve_address(std::size_t bytes, DevicePtr* out) override;
@@ -123,6 +129,7 @@ class SimBackend final : public SegmentBackend {
   void give_address(DevicePtr base, std::size_t bytes);
 
   SimOptions options_;
+  SubmissionWatch watch_;
   mutable std::recursive_mutex mutex_;
   std::map<StreamHandle, Stream> streams_;
   std::map<DevicePtr, std::size_t> segments_;

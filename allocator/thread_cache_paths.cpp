@@ -29,6 +29,18 @@ bool parks_large(const Block* b, bool taken_here) {
   return taken_here && !b->segment->expandable && b->size == b->segment->size;
 }
 
+// A large block reusable at once that the freeing thread keeps in its bins: a whole segment
+// (parks_large), or a split block the thread has freed and got back three times in a row (as
+// a cudaFree'd one waits in its batches, free_large_deferred): a loop of one size that the pool
+// would split from the same segment each time otherwise took the device lock twice a pair.
+// `held` is the thread's cache lock, taken here if needed.
+bool parks_cycled_large(Block* b, bool taken_here, ThreadCache* own, std::unique_lock<SpinLock>& held) {
+  if (parks_large(b, taken_here)) return true;
+  if (!taken_here || b->segment->expandable) return false;
+  if (!held.owns_lock()) held = std::unique_lock<SpinLock>(own->lock);
+  return own->cycles_large(b->ptr, b->size, ThreadCache::Cycle::kSameBlock);
+}
+
 struct LocalEntry {
   std::uint64_t id;
   std::weak_ptr<Impl> owner;
@@ -203,6 +215,7 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
       }
     }
   }
+  if (!batch.passed) batch_fences.catch_up_quiet();
   batch.passed = true;
   auto& blocks = batch.blocks;
   std::size_t bytes = 0;
@@ -484,7 +497,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
   const bool taken_here = found_own || (own != nullptr && b->taker == own);
   const bool cacheable = b->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
-                                                     : reusable && parks_large(b, taken_here);
+                                                     : reusable && parks_cycled_large(b, taken_here, own, held);
   // (taken_here implies `own`: the taker is a cache, and only its thread finds it.)
   if (order == FreeOrder::kDevice && b->pool == PoolKind::kLarge && taken_here && options.thread_cache &&
       !t_caches_gone) {
@@ -610,6 +623,8 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
 // cache's lock, held here, before the block can serve again.
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
+  // No device work queued since a fence that has passed: whatever used the block is done.
+  if (order == FreeOrder::kDevice && m.batch_fences.quiet()) order = FreeOrder::kCompleted;
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
     return m.free_block(ptr, order, stream, call_kind(async), nullptr);
   }
@@ -618,7 +633,9 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   Block* b = cache.live.take_newest(ptr);
   if (b != nullptr) [[likely]] {
     const bool small = b->pool == PoolKind::kSmall;
-    if (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty() && (small || parks_large(b, true))) {
+    const bool reusable = order == FreeOrder::kCompleted ||
+                          (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
+    if (reusable && (small || parks_large(b, true))) {
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
         if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));

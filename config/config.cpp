@@ -713,6 +713,8 @@ std::string describe(const Config& config) {
     s += config.free_sync ? "true" : "false";
     s += " single_stream=";
     s += config.single_stream ? "true" : "false";
+    s += " watch_submissions=";
+    s += config.watch_submissions ? "true" : "false";
     s += " trace_stacks=" + std::to_string(config.trace_stacks);
     s += " trace_nvtx=";
     s += config.trace_nvtx ? "true" : "false";

@@ -14,7 +14,7 @@ constexpr std::uint64_t kMinSplitSizeMb = 20;
 constexpr std::uint64_t kMaxTraceStacks = 64;
 
 // README's wording; the table there is this one's output (tests/structure checks it).
-const std::array<ConfigKey, 16> kKeys = {{
+const std::array<ConfigKey, 17> kKeys = {{
     {.name = "max_split_size_mb",
      .kind = KeyKind::kMiB,
      .min = kMinSplitSizeMb,
@@ -62,6 +62,12 @@ const std::array<ConfigKey, 16> kKeys = {{
      .syntax = "`free_sync:true`",
      .default_text = "false",
      .help = "`cudaFree` blocks the host like the native one (for programs that use it as a barrier)"},
+    {.name = "watch_submissions",
+     .kind = KeyKind::kBool,
+     .flag = [](Config& c) -> bool& { return c.watch_submissions; },
+     .syntax = "`watch_submissions:false`",
+     .default_text = "true",
+     .help = "a `cudaFree`'d block is reused at once while the program has queued no device work (kernels, copies, sets) since a device fence that has passed; false: it always waits for a fence of its own"},
     {.name = "trace_stacks",
      .kind = KeyKind::kCount,
      .max = kMaxTraceStacks,

@@ -25,6 +25,7 @@ struct Config {
   // CUDALLOC_CONF keys beyond the allocator's own policy.
   bool free_sync = false;       // free_sync: cudaFree blocks the host like the native one
   bool single_stream = false;   // single_stream: cudaFree'd blocks are ordered on the legacy stream
+  bool watch_submissions = true; // watch_submissions: reuse a cudaFree'd block at once while no work was queued
   std::size_t trace_stacks = 0; // trace_stacks:N native frames per trace record
   bool trace_nvtx = false;      // trace_nvtx: record the current NVTX range name
   bool trace_tsc = true;        // trace_clock:tsc|monotonic: stamp records with the TSC where usable

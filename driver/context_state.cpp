@@ -12,10 +12,10 @@
 namespace cudalloc::shim {
 
 ContextState::ContextState(CUcontext c, CUdevice dev, const AllocatorOptions& options, CaptureTracker& captures,
-                           HostBudget& host_budget, LiveDeviceFences& contexts)
+                           HostBudget& host_budget, LiveDeviceFences& contexts, SubmissionWatch* watch)
     : ctx(c),
       device(dev),
-      backend(c, dev, captures),
+      backend(c, dev, captures, watch),
       allocator(backend, options, static_cast<int>(dev)),
       host_backend(c, captures, contexts),
       host(host_backend, host_budget, static_cast<int>(dev)) {}
@@ -45,7 +45,7 @@ ContextState* ContextRegistry::make(CUcontext ctx) {
       if (!current.ok() || driver().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
     }
     // Never freed: other threads may still hold it, and nothing is given back at exit.
-    state = new ContextState(ctx, dev, options_, captures_, host_budget_, *this);
+    state = new ContextState(ctx, dev, options_, captures_, host_budget_, *this, watch_);
     state->allocator.set_observer(observers_.device != nullptr ? observers_.device() : nullptr);
     state->host.set_observer(observers_.host != nullptr ? observers_.host() : nullptr);
     state->host.set_reclaimer([this] { return release_host_caches(); });

@@ -28,7 +28,7 @@ namespace cudalloc::shim {
 // line with that mutex, the lookup of ctx missed under 8 threads of cudaMalloc pairs.
 struct ContextState {
   ContextState(CUcontext ctx, CUdevice device, const AllocatorOptions& options, CaptureTracker& captures,
-               HostBudget& host_budget, LiveDeviceFences& contexts);
+               HostBudget& host_budget, LiveDeviceFences& contexts, SubmissionWatch* watch);
   CUcontext ctx;
   CUdevice device;
   alignas(64) DriverBackend backend;
@@ -83,9 +83,11 @@ struct ContextObservers {
 
 class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
  public:
+  // `watch`: the program's queued work, as the shim sees it (null: not watched); each context's
+  // backend hands it to its allocator (allocator/submission_watch.h).
   ContextRegistry(const AllocatorOptions& options, CaptureTracker& captures, SingleStreamMode& single_stream,
-                  ContextObservers observers)
-      : options_(options), captures_(captures), single_stream_(single_stream), observers_(observers),
+                  ContextObservers observers, SubmissionWatch* watch = nullptr)
+      : options_(options), captures_(captures), single_stream_(single_stream), observers_(observers), watch_(watch),
         host_budget_(options.pinned_memory_limit_bytes) {}
 
   // The state of the calling thread's current context; null when there is none.
@@ -177,6 +179,7 @@ class ContextRegistry final : public OrderedEras, public LiveDeviceFences {
   CaptureTracker& captures_;
   SingleStreamMode& single_stream_;  // ends when a second context is in use
   const ContextObservers observers_;
+  SubmissionWatch* const watch_;
   std::mutex mutex_;  // writers, budgets_ and the warned sets
   // Each device's memory against the limit, shared by the allocators of its contexts (never
   // freed, as the states).

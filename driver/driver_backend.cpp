@@ -199,8 +199,8 @@ class DeferredFence final : public Fence {
 
 CUresult DriverBackend::take_refusal() { return std::exchange(t_refusal, CUDA_SUCCESS); }
 
-DriverBackend::DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures)
-    : ctx_(ctx), device_(device), captures_(captures), access_devices_{device} {
+DriverBackend::DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures, SubmissionWatch* watch)
+    : ctx_(ctx), device_(device), captures_(captures), watch_(watch), access_devices_{device} {
   const DriverApi& d = driver();
   if (d.cuDeviceTotalMem_v2 == nullptr || d.cuDeviceTotalMem_v2(&total_, device) != CUDA_SUCCESS) {
     total_ = 0;

@@ -31,7 +31,8 @@ namespace cudalloc::shim {
 
 class DriverBackend final : public SegmentBackend {
  public:
-  DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures);
+  // `watch`: the program's queued work (null: not watched), for the allocator's fence clock.
+  DriverBackend(CUcontext ctx, CUdevice device, CaptureTracker& captures, SubmissionWatch* watch = nullptr);
   ~DriverBackend() override;
 
   Status allocate_segment(std::size_t bytes, DevicePtr* out) override;
@@ -39,6 +40,7 @@ class DriverBackend final : public SegmentBackend {
   std::unique_ptr<Fence> record_fence(StreamHandle stream) override;
   std::unique_ptr<Fence> record_device_fence() override;
   std::size_t total_memory() const override { return total_; }
+  SubmissionWatch* submission_watch() override { return watch_; }
 
   bool supports_virtual_memory() const override;
   std::size_t vm_granularity() const override;
@@ -118,6 +120,7 @@ class DriverBackend final : public SegmentBackend {
   CUcontext ctx_;
   CUdevice device_;
   CaptureTracker& captures_;
+  SubmissionWatch* const watch_;
   std::size_t total_ = 0;
   mutable std::mutex mutex_;  // everything below
   bool dead_ = false;

@@ -15,8 +15,13 @@ using namespace cudalloc::shim;
 // Other handles: the answer is checked and our hook substituted for a wrapped driver export.
 CUDALLOC_EXPORT void* dlsym(void* handle, const char* symbol) {
   const DlsymFn real = real_dlsym();
-  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || !is_hooked_name(symbol)) {
+  // Only a driver name goes further than this file (a sanitizer looks up none). (dlsym's
+  // symbol is declared nonnull.)
+  const bool driver_name = symbol[0] == 'c' && symbol[1] == 'u';
+  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT) {
+    if (driver_name) watch_global_lookup(symbol, handle == RTLD_NEXT);
     return real(handle, symbol);
   }
-  return substitute_if_loaded(real(handle, symbol));
+  if (!driver_name || !is_hooked_name(symbol)) return real(handle, symbol);
+  return answer_lookup_if_loaded(symbol, real(handle, symbol));
 }

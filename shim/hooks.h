@@ -73,11 +73,16 @@ namespace cudalloc::shim {
 
 // Our hook for a pointer the driver handed out, or `real` itself when we do not wrap it.
 void* substitute(void* real);
-// The same, but `real` itself while libcuda is not loaded (the dlsym override: a lookup in
-// some other library must not load the driver).
-void* substitute_if_loaded(void* real);
-// True for the export names we wrap (cheap; most names fail on the first characters).
+// True for the export names we wrap, and for every name of a call that queues device work
+// (cheap; most names fail on the first characters).
 bool is_hooked_name(const char* symbol);
+// substitute() for a dlsym of `symbol` on a handle, but `real` itself while libcuda is not
+// loaded (a lookup in some other library must not load the driver); also tells the
+// submission watch of a work-queueing entry point handed out unhooked.
+void* answer_lookup_if_loaded(const char* symbol, void* real);
+// A dlsym of a driver name through RTLD_DEFAULT or RTLD_NEXT (`next`), which may find the
+// driver's own entry point: makes the watch blind if that is one that queues work.
+void watch_global_lookup(const char* symbol, bool next);
 
 struct ProcessState;
 // A green context met (cuCtxFromGreenCtx, cuGreenCtxStreamCreate): from now on it names its

@@ -11,6 +11,8 @@
 
 #include "shim/hooks.h"
 #include "shim/runtime.h"
+#include "shim/submissions.h"
+#include "allocator/submission_watch.h"
 #include "support/log.h"
 #include "support/real_dlsym.h"
 
@@ -56,10 +58,22 @@ void* substitute_with(const DriverApi& d, void* real) {
   for (const Pair& p : *pairs(d)) {
     if (p.real == real) return p.hook;
   }
-  return real;
+  return substitute_submission(real);
 }
 
 }  // namespace
+
+// A lookup answered with `real` (null: not found), replaced by a hook of ours or not.
+void watch_lookup(const char* symbol, const void* real, bool hooked) {
+  if (real == nullptr || hooked || !is_submission_name(symbol) || is_submission_hook(real)) return;
+  // An entry point that queues device work, and no hook of ours: work queued through it would
+  // go unseen, so no cudaFree'd block may count on the watch from now on.
+  if (!submissions().blind()) {
+    submissions().go_blind();
+    log_info("%s queues device work and is not watched: cudaFree'd blocks wait for device fences from now on",
+             symbol);
+  }
+}
 
 void* substitute(void* real) { return substitute_with(driver(), real); }
 
@@ -72,11 +86,22 @@ void log_lookup(const char* how, const char* symbol, int version, cuuint64_t fla
 }
 }  // namespace
 
-void* substitute_if_loaded(void* real) {
+void* answer_lookup_if_loaded(const char* symbol, void* real) {
   if (real == nullptr) return real;
   // Only once libcuda is loaded: a lookup in some other library must not load the driver.
   const DriverApi* d = driver_if_loaded();
-  return d == nullptr ? real : substitute_with(*d, real);
+  if (d == nullptr) return real;
+  void* given = substitute_with(*d, real);
+  watch_lookup(symbol, real, given != real);
+  return given;
+}
+
+void watch_global_lookup(const char* symbol, bool next) {
+  if (!is_submission_name(symbol) || driver_if_loaded() == nullptr) return;
+  // RTLD_DEFAULT finds our hook first for a name we wrap; RTLD_NEXT from a library loaded
+  // after this one finds the driver's, which we would not see.
+  if (!next && is_submission_hook_name(symbol)) return;
+  watch_lookup(symbol, symbol, /*hooked=*/false);
 }
 
 bool is_hooked_name(const char* symbol) {
@@ -84,7 +109,7 @@ bool is_hooked_name(const char* symbol) {
   for (const char* n : kNames) {
     if (std::strcmp(n, symbol) == 0) return true;
   }
-  return false;
+  return is_submission_name(symbol);
 }
 
 }  // namespace cudalloc::shim
@@ -100,6 +125,7 @@ CUDALLOC_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int
   if (r == CUDA_SUCCESS && pfn != nullptr) {
     void* real = *pfn;
     *pfn = substitute_with(d, real);
+    watch_lookup(symbol, real, *pfn != real);
     log_lookup("cuGetProcAddress_v2", symbol, version, flags, real, *pfn);
   }
   return r;
@@ -113,6 +139,7 @@ CUDALLOC_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int ve
   if (r == CUDA_SUCCESS && pfn != nullptr) {
     void* real = *pfn;
     *pfn = substitute_with(d, real);
+    watch_lookup(symbol, real, *pfn != real);
     log_lookup("cuGetProcAddress", symbol, version, flags, real, *pfn);
   }
   return r;

@@ -17,6 +17,7 @@
 #include "shim/sanitizer_nvtx.h"
 #include "shim/stats.h"
 #include "shim/tracing.h"
+#include "shim/submissions.h"
 #include "support/log.h"
 
 extern char** environ;
@@ -33,7 +34,8 @@ std::atomic<bool> g_state_due{false};
 // before the state is made), its pinned host cache to the trace only.
 ProcessState::ProcessState(const Config& config)
     : single_stream(config.single_stream),
-      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer}) {
+      contexts(config.allocator, captures, single_stream, ContextObservers{&allocator_observer, &trace_observer},
+               config.watch_submissions ? &submissions() : nullptr) {
   // The program's cached virtual memory pairs and cudalloc's own caches give way to each other
   // when a device runs out of memory.
   contexts.set_device_reclaimer([this](CUdevice dev) { return vmm.release_cached(static_cast<int>(dev)); });

@@ -2820,11 +2820,11 @@ uint64_t count_locked(const Accounting& a, const char* api) {
 // A "kernel" that touches [ptr, ptr+bytes) from the stream's device: virtual memory mapped there
 // without access for that device fails it with CUDA_ERROR_ILLEGAL_ADDRESS, as such a kernel
 // faults on the GPU. (Linear memory is not checked: its peer access is the context's.)
-CUresult launch(CUstream h, std::function<void()> fn, CUdeviceptr ptr = 0, size_t bytes = 0) {
+CUresult launch(CUstream h, std::function<void()> fn, CUdeviceptr ptr = 0, size_t bytes = 0, bool ptds = false) {
     if (g_forked_child.load()) return CUDA_ERROR_NOT_INITIALIZED;
     std::lock_guard<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, false, &s)) return r;
+    if (CUresult r = resolve_stream_locked(h, ptds, &s)) return r;
     for (auto m = find_mapping_locked(ptr); bytes != 0 && m != drv().mappings.end() && m->first < ptr + bytes; ++m) {
         if (!m->second.by_dev.count(s->ctx->dev)) return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
@@ -2927,4 +2927,55 @@ FK_API CUresult fakecuda_launch_fill_check(CUstream stream, CUdeviceptr ptr, siz
 
 FK_API CUresult fakecuda_launch_sleep(CUstream stream, unsigned delay_us) {
     return launch(stream, [=] { std::this_thread::sleep_for(std::chrono::microseconds(delay_us)); });
+}
+
+// cuLaunchKernel of the "kernels" above: `f` is the address of fakecuda_launch_write,
+// fakecuda_launch_fill_check or fakecuda_launch_sleep, and kernelParams point at its arguments
+// after the stream, in order. The grid and block are ignored.
+namespace {
+CUresult launch_kernel(CUfunction f, CUstream h, void** params, bool ptds) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    const auto kernel = reinterpret_cast<void*>(f);
+    if (kernel == reinterpret_cast<void*>(&fakecuda_launch_write)) {
+        const CUdeviceptr ptr = *static_cast<CUdeviceptr*>(params[0]);
+        const size_t bytes = *static_cast<size_t*>(params[1]);
+        const unsigned char value = *static_cast<unsigned char*>(params[2]);
+        const unsigned delay_us = *static_cast<unsigned*>(params[3]);
+        return launch(h, [=] {
+            if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+            memset(reinterpret_cast<void*>(ptr), value, bytes);
+        }, ptr, bytes, ptds);
+    }
+    if (kernel == reinterpret_cast<void*>(&fakecuda_launch_fill_check)) {
+        const CUdeviceptr ptr = *static_cast<CUdeviceptr*>(params[0]);
+        const size_t bytes = *static_cast<size_t*>(params[1]);
+        const unsigned char expected = *static_cast<unsigned char*>(params[2]);
+        const unsigned delay_us = *static_cast<unsigned*>(params[3]);
+        unsigned long long* mismatches = *static_cast<unsigned long long**>(params[4]);
+        if (!mismatches) return CUDA_ERROR_INVALID_VALUE;
+        return launch(h, [=] {
+            if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+            const auto* p = reinterpret_cast<const unsigned char*>(ptr);
+            unsigned long long n = 0;
+            for (size_t i = 0; i < bytes; ++i) n += p[i] != expected;
+            __atomic_add_fetch(mismatches, n, __ATOMIC_SEQ_CST);
+        }, ptr, bytes, ptds);
+    }
+    if (kernel == reinterpret_cast<void*>(&fakecuda_launch_sleep)) {
+        const unsigned delay_us = *static_cast<unsigned*>(params[0]);
+        return launch(h, [=] { std::this_thread::sleep_for(std::chrono::microseconds(delay_us)); }, 0, 0, ptds);
+    }
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+}  // namespace
+
+FK_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                       unsigned, CUstream h, void** params, void**) {
+    FK_ENTER();
+    return launch_kernel(f, h, params, false);
+}
+FK_API CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                            unsigned, unsigned, CUstream h, void** params, void**) {
+    FK_ENTER();
+    return launch_kernel(f, h, params, true);
 }

@@ -20,9 +20,29 @@ struct Client {
   fakecuda_stats_fn stats = nullptr;
   fakecuda_reset_stats_fn reset_stats = nullptr;
   fakecuda_call_count_fn call_count = nullptr;
-  fakecuda_launch_write_fn launch_write = nullptr;
-  fakecuda_launch_sleep_fn launch_sleep = nullptr;
   fakecuda_fail_next_fn fail_next = nullptr;
+  // The fake driver's "kernels" (fake_cuda_control.h), launched through cuLaunchKernel as the
+  // runtime got it: through cudalloc's hook when preloaded, which notes the work queued.
+  using PFN_launch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  CUstream, void**, void**);
+  PFN_launch launch_kernel = nullptr;
+  CUfunction write_kernel = nullptr;
+  CUfunction fill_check_kernel = nullptr;
+  CUfunction sleep_kernel = nullptr;
+
+  CUresult launch_write(CUstream s, CUdeviceptr ptr, size_t bytes, unsigned char value, unsigned delay_us) const {
+    void* params[] = {&ptr, &bytes, &value, &delay_us};
+    return launch_kernel(write_kernel, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+  }
+  CUresult launch_fill_check(CUstream s, CUdeviceptr ptr, size_t bytes, unsigned char expected, unsigned delay_us,
+                             unsigned long long* mismatches) const {
+    void* params[] = {&ptr, &bytes, &expected, &delay_us, &mismatches};
+    return launch_kernel(fill_check_kernel, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+  }
+  CUresult launch_sleep(CUstream s, unsigned delay_us) const {
+    void* params[] = {&delay_us};
+    return launch_kernel(sleep_kernel, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+  }
 
   // A pointer the runtime got for `name` (flags 0 or 2), null if none.
   template <typename F>
@@ -66,10 +86,14 @@ inline Client& client() {
     c->stats = reinterpret_cast<fakecuda_stats_fn>(dlsym(c->rt.handle, "fakecuda_stats"));
     c->reset_stats = reinterpret_cast<fakecuda_reset_stats_fn>(dlsym(c->rt.handle, "fakecuda_reset_stats"));
     c->call_count = reinterpret_cast<fakecuda_call_count_fn>(dlsym(c->rt.handle, "fakecuda_call_count"));
-    c->launch_write = reinterpret_cast<fakecuda_launch_write_fn>(dlsym(c->rt.handle, "fakecuda_launch_write"));
-    c->launch_sleep = reinterpret_cast<fakecuda_launch_sleep_fn>(dlsym(c->rt.handle, "fakecuda_launch_sleep"));
     c->fail_next = reinterpret_cast<fakecuda_fail_next_fn>(dlsym(c->rt.handle, "fakecuda_fail_next"));
-    if (!c->stats || !c->reset_stats || !c->call_count || !c->launch_write || !c->launch_sleep) die("controls");
+    c->launch_kernel = c->get<Client::PFN_launch>("cuLaunchKernel");
+    c->write_kernel = reinterpret_cast<CUfunction>(dlsym(c->rt.handle, "fakecuda_launch_write"));
+    c->fill_check_kernel = reinterpret_cast<CUfunction>(dlsym(c->rt.handle, "fakecuda_launch_fill_check"));
+    c->sleep_kernel = reinterpret_cast<CUfunction>(dlsym(c->rt.handle, "fakecuda_launch_sleep"));
+    if (!c->stats || !c->reset_stats || !c->call_count || !c->launch_kernel || !c->write_kernel ||
+        !c->fill_check_kernel || !c->sleep_kernel)
+      die("controls");
     return c;
   }();
   return *c;

@@ -60,9 +60,20 @@ TEST_CASE("the runtime's lookups get cudalloc's wrappers", "[lookup]") {
   CHECK(is_cudalloc(c.rt.find("cuMemAllocAsync", 2)->pfn));
   CHECK(is_cudalloc(c.rt.find("cuMemFreeAsync", 2)->pfn));
   CHECK(reinterpret_cast<void*>(c.api.cuMemAllocAsync_ptsz) != reinterpret_cast<void*>(c.api.cuMemAllocAsync));
+  // The calls that queue work, legacy and per-thread, are wrapped (the submission watch).
+  CHECK(is_cudalloc(reinterpret_cast<void*>(c.api.cuMemcpyHtoD_v2)));
+  for (const char* name : {"cuLaunchKernel", "cuLaunchKernelEx", "cuMemcpyAsync", "cuMemsetD8Async", "cuGraphLaunch",
+                           "cuLaunchHostFunc"}) {
+    for (unsigned flags : {0u, 2u}) {
+      INFO(name << " flags " << flags);
+      const fakecuda::Lookup* l = c.rt.find(name, flags);
+      REQUIRE(l != nullptr);
+      CHECK(is_cudalloc(l->pfn));
+    }
+  }
   // What is not wrapped is the driver's own.
-  CHECK_FALSE(is_cudalloc(reinterpret_cast<void*>(c.api.cuMemcpyHtoD_v2)));
   CHECK_FALSE(is_cudalloc(reinterpret_cast<void*>(c.api.cuStreamIsCapturing)));
+  CHECK_FALSE(is_cudalloc(c.get<void*>("cuGraphAddMemcpyNode")));
   CHECK_FALSE(is_cudalloc(c.get<void*>("cuMemAllocManaged")));
   CHECK_FALSE(is_cudalloc(c.get<void*>("cuMemAllocFromPoolAsync")));
 }
@@ -73,7 +84,9 @@ TEST_CASE("direct dlsym and cudaGetDriverEntryPoint paths are covered", "[lookup
   CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemAlloc_v2")));
   CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemFree_v2")));
   CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemAllocAsync_ptsz")));
-  CHECK_FALSE(is_cudalloc(dlsym(c.rt.handle, "cuMemcpy")));
+  CHECK(is_cudalloc(dlsym(c.rt.handle, "cuMemcpy")));
+  CHECK(is_cudalloc(dlsym(c.rt.handle, "cuLaunchKernel_ptsz")));
+  CHECK_FALSE(is_cudalloc(dlsym(c.rt.handle, "cuEventQuery")));
   CHECK(dlsym(c.rt.handle, "no_such_symbol_anywhere") == nullptr);
   // cudaGetDriverEntryPoint goes through the cuGetProcAddress the runtime holds.
   void* pfn = nullptr;
@@ -470,11 +483,13 @@ TEST_CASE("a block freed under a late write on a non-blocking stream comes back 
 
 namespace {
 
-// `count` cudaMalloc'd pairs of 64 KiB: a device fence every batch.
+// `count` cudaMalloc'd pairs of 64 KiB, each block written by a kernel on the legacy stream
+// before its free: a device fence every batch.
 void fenced_pairs(Client& c, int count) {
   for (int i = 0; i < count; ++i) {
     CUdeviceptr p = 0;
     REQUIRE(c.api.cuMemAlloc_v2(&p, 64 << 10) == CUDA_SUCCESS);
+    REQUIRE(c.launch_write(nullptr, p, 1, 0, 0) == CUDA_SUCCESS);
     REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
   }
 }
@@ -846,4 +861,111 @@ TEST_CASE("cudaDeviceReset drops the context's blocks", "[lifecycle]") {
   REQUIRE(c.api.cuMemAlloc_v2(&q, 4096) == CUDA_SUCCESS);
   CHECK(c.snapshot().mem_alloc == 1);  // a fresh segment, not the dead one
   CHECK(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+}
+
+namespace {
+
+// `count` cudaMalloc'd pairs of `n` bytes with no work queued: the pointers handed out.
+std::set<CUdeviceptr> quiet_pairs(Client& c, size_t n, int count) {
+  std::set<CUdeviceptr> seen;
+  for (int i = 0; i < count; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    seen.insert(p);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+  }
+  return seen;
+}
+
+std::uint64_t fences_recorded(Client& c) { return c.call_count("cuCtxRecordEvent") + c.call_count("cuEventRecord"); }
+
+}  // namespace
+
+TEST_CASE("pairs with no work queued since a passed fence reuse one block and record no fence", "[watch]") {
+  Client& c = client::client();
+  for (const size_t n : {size_t{512}, size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
+    INFO("bytes " << n);
+    quiet_pairs(c, n, 300);  // the first batch is fenced and its fence passes
+    c.reset_stats();
+    CHECK(quiet_pairs(c, n, 2000).size() == 1);
+    CHECK(fences_recorded(c) == 0);
+    CHECK(c.snapshot().mem_alloc == 0);
+  }
+}
+
+TEST_CASE("a kernel queued between a fence and a free keeps the block until it ran", "[watch][race]") {
+  Client& c = client::client();
+  CUstream nb = make_stream(c, CU_STREAM_NON_BLOCKING);
+  const size_t n = 64 << 10;
+  for (const bool per_thread_lookup : {false, true}) {
+    INFO("launched through the per-thread lookup: " << per_thread_lookup);
+    quiet_pairs(c, n, 300);
+    CUdeviceptr p = 0;
+    REQUIRE(c.api.cuMemAlloc_v2(&p, n) == CUDA_SUCCESS);
+    unsigned delay_us = 200000;
+    unsigned char value = 0xAA;
+    void* params[] = {&p, const_cast<size_t*>(&n), &value, &delay_us};
+    const auto launch = c.get<Client::PFN_launch>("cuLaunchKernel", per_thread_lookup ? 2 : 0);
+    using PFN_query = CUresult (*)(CUstream);
+    const auto query = c.get<PFN_query>("cuStreamQuery");
+    REQUIRE(query != nullptr);
+    REQUIRE(launch(c.write_kernel, 1, 1, 1, 1, 1, 1, 0, nb, params, nullptr) == CUDA_SUCCESS);
+    REQUIRE(c.api.cuMemFree_v2(p) == CUDA_SUCCESS);
+    // However many quiet pairs follow, `p` is not handed out while the kernel is queued.
+    int early = 0;
+    for (int i = 0; i < 2000; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(c.api.cuMemAlloc_v2(&q, n) == CUDA_SUCCESS);
+      if (q == p && query(nb) == CUDA_ERROR_NOT_READY) ++early;
+      REQUIRE(c.api.cuMemFree_v2(q) == CUDA_SUCCESS);
+    }
+    CHECK(early == 0);
+    REQUIRE(c.api.cuStreamSynchronize(nb) == CUDA_SUCCESS);
+    // Once it ran, the quiet pairs settle on one block again, with no fence, as soon as the
+    // fences queued before have been found passed (work of earlier cases on other streams of
+    // the context may still hold them for a while).
+    bool settled = false;
+    for (int round = 0; round < 40 && !settled; ++round) {
+      c.reset_stats();
+      settled = quiet_pairs(c, n, 500).size() == 1 && fences_recorded(c) == 0;
+    }
+    CHECK(settled);
+  }
+  REQUIRE(c.api.cuStreamDestroy_v2(nb) == CUDA_SUCCESS);
+}
+
+TEST_CASE("every fake driver export that queues work is hooked, and resolving them all leaves the watch sighted",
+          "[watch]") {
+  Client& c = client::client();
+  // The fake driver exports every symbol of the real one.
+  static const char* const kExports[] = {
+#define FK_EXPORT(name) #name,
+#include "../fake_driver/fake_exports.inc"
+#undef FK_EXPORT
+  };
+  int hooked = 0;
+  for (const char* name : kExports) {
+    void* p = dlsym(c.rt.handle, name);
+    if (is_cudalloc(p)) ++hooked;
+  }
+  CHECK(hooked >= 158);
+  quiet_pairs(c, 4096, 300);
+  c.reset_stats();
+  CHECK(quiet_pairs(c, 4096, 1000).size() == 1);
+  CHECK(fences_recorded(c) == 0);
+}
+
+TEST_CASE("an entry point that queues work found past cudalloc makes every cudaFree wait for a fence",
+          "[own-process][watch-blind]") {
+  Client& c = client::client();
+  quiet_pairs(c, 4096, 300);
+  c.reset_stats();
+  quiet_pairs(c, 4096, 1000);
+  REQUIRE(fences_recorded(c) == 0);
+  // A library loaded after cudalloc that finds the driver's own launch through RTLD_NEXT: its
+  // kernels would go unseen.
+  REQUIRE(dlsym(RTLD_NEXT, "cuLaunchKernel") != nullptr);
+  c.reset_stats();
+  quiet_pairs(c, 4096, 1000);
+  CHECK(fences_recorded(c) > 0);
 }

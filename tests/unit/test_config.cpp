@@ -389,7 +389,7 @@ TEST_CASE("keys are case-sensitive and must be known", "[config]") {
   CHECK(contains(e, "bogus:1 is not accepted: unknown key 'bogus'; accepted keys: "
                     "max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
                     "expandable_segments, per_process_memory_fraction, memory_limit_mb, "
-                    "free_sync, trace_stacks, trace_nvtx"));
+                    "free_sync, watch_submissions, trace_stacks, trace_nvtx"));
 }
 
 TEST_CASE("PyTorch keys cudalloc does not implement", "[config]") {
@@ -596,7 +596,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(Config{}) ==
         "max_split_size_mb=unlimited garbage_collection_threshold=off "
         "roundup_power2_divisions=off expandable_segments=false page_stitching=false per_process_memory_fraction=1 "
-        "memory_limit_mb=none pinned_memory_limit_mb=none free_sync=false single_stream=false trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
+        "memory_limit_mb=none pinned_memory_limit_mb=none free_sync=false single_stream=false watch_submissions=true trace_stacks=0 trace_nvtx=false trace_clock=tsc free_epoch_mb=64 "
                              "max_pending_mb=1024 thread_cache=true no_caching=false "
         "trace=off log_level=warn log_file=default stats=false sanitizer=auto");
 
@@ -604,7 +604,7 @@ TEST_CASE("describe", "[config]") {
       "max_split_size_mb:512,garbage_collection_threshold:0.75,"
       "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:true,"
       "per_process_memory_fraction:0.5,memory_limit_mb:4096,free_sync:true,trace_stacks:8,"
-      "trace_nvtx:true,single_stream:true,trace_clock:monotonic");
+      "trace_nvtx:true,single_stream:true,trace_clock:monotonic,watch_submissions:false");
   c.no_caching = true;
   c.trace_path = "/tmp/t.bin";
   c.log_level = LogLevel::kError;
@@ -614,7 +614,7 @@ TEST_CASE("describe", "[config]") {
   CHECK(describe(c) ==
         "max_split_size_mb=512 garbage_collection_threshold=0.75 "
         "roundup_power2_divisions=[256:1,512:2,1024:4,>:8] expandable_segments=true page_stitching=false "
-        "per_process_memory_fraction=0.5 memory_limit_mb=4096 pinned_memory_limit_mb=none free_sync=true single_stream=true trace_stacks=8 "
+        "per_process_memory_fraction=0.5 memory_limit_mb=4096 pinned_memory_limit_mb=none free_sync=true single_stream=true watch_submissions=false trace_stacks=8 "
         "trace_nvtx=true trace_clock=monotonic free_epoch_mb=64 max_pending_mb=1024 thread_cache=true no_caching=true trace=/tmp/t.bin "
                        "log_level=error log_file=/tmp/l.log "
         "stats=true sanitizer=nvtx");

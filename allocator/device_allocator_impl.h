@@ -122,7 +122,9 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status allocate_locked(std::size_t bytes, StreamHandle stream, DevicePtr* out, CallKind call,
                          Bridge bridge = Bridge::kNo);
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, CallKind call, ThreadCache* own);
-  Status bin_full(Block* b);
+  bool spill(ThreadCache& cache, Block* b);
+  Status release_spill(ThreadCache& cache);
+  void release_own_spill();
   Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, CallKind call, Locality locality);
   // Closes the thread's deferred frees as a batch once one is due, or now if there are any.
   enum class CloseWhen : bool { kDue, kNow };

@@ -278,10 +278,15 @@ class ThreadCache {
     for (const Batch& batch : batches_) {
       for (const Block* b : batch.blocks) sum += b->size;
     }
+    for (const Block* b : spill_) sum += b->size;
     return sum;
   }
-  // Blocks that became reusable but found no room in the bins: the allocator takes them.
+  // Blocks that became reusable but found no room in the bins: the allocator takes them, a
+  // batch of kSpillBatch at a time (one device lock for them all: in a random mix of sizes most
+  // frees find their bin full), or at the thread's next miss that takes the lock.
+  static constexpr std::size_t kSpillBatch = 32;
   std::vector<Block*>& spill() { return spill_; }
+  bool spill_due() const { return spill_.size() >= kSpillBatch; }
 
   // Statistics changes made on the hot path, folded into the allocator's under its lock
   // (fold_into). Every locked operation folds every thread's delta, skipping a cache whose delta

@@ -295,6 +295,8 @@ void Impl::drain_own_large() {
   ThreadCache* own = find_local_cache();
   if (own == nullptr) return;
   std::lock_guard lock(own->lock);
+  for (Block* b : own->spill()) blocks.make_reusable(b);
+  own->spill().clear();
   if (own->large_bytes() == 0) return;
   own->drain_large_bins([this](Block* b) { blocks.make_reusable(b); });
 }
@@ -347,7 +349,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
       count_hit(*this, cache, b, bytes);
       cache.live.insert(b->ptr, b);
     }
-    spilled = !cache.spill().empty();
+    spilled = cache.spill_due();
   };
   {
     std::lock_guard lock(cache.lock);
@@ -391,10 +393,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
     if (refill(cache, stream, rounded, BusyFence::kWait) == Refill::kDone) b = cache.pop(stream, rounded);
     settle();
   }
-  if (spilled) {
-    std::lock_guard lock(mutex);
-    drain(cache, Drain::kPending);
-  }
+  if (spilled) (void)release_spill(cache);
   if (b != nullptr) {
     *out = b->ptr;
     return observed_hit(b, bytes, stream, call);
@@ -435,6 +434,7 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
                                               Bridge bridge) {
   {
     std::lock_guard lock(mutex);
+    release_own_spill();  // the lock is taken anyway: the pools see this thread's spill first
     const bool reclaim = oom.may_reclaim(bytes);
     const Status st = allocate(bytes, stream, out, call, reclaim ? Try::kFirst : Try::kOnly, bridge);
     if (st != Status::kOutOfMemory || !reclaim) return st;
@@ -512,9 +512,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // life began.
     if (events.observed()) observed_free(b, stream, locality, call);
     if (reusable) {
-      const bool cached = park_reusable(*this, cache, b, sizes.round(b->requested));
+      const bool due = !park_reusable(*this, cache, b, sizes.round(b->requested)) && spill(cache, b);
       held.unlock();
-      return cached ? Status::kOk : bin_full(b);
+      return due ? release_spill(cache) : Status::kOk;
     }
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
@@ -584,11 +584,29 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
   return due ? close_batch(cache) : Status::kOk;
 }
 
-// A block reusable at once whose bin had no room: the allocator takes it.
-CUDALLOC_NOINLINE Status Impl::bin_full(Block* b) {
+// A block reusable at once whose bin had no room, under the cache's lock: it waits in the
+// spill. True when the spill is due to go to the allocator (release_spill, once unlocked).
+bool Impl::spill(ThreadCache& cache, Block* b) {
+  cache.spill().push_back(b);
+  return cache.spill_due();
+}
+
+// Under the device lock: the calling thread's spilled blocks go back to the pools.
+void Impl::release_own_spill() {
+  ThreadCache* own = options.thread_cache && !t_caches_gone ? find_local_cache() : nullptr;
+  if (own == nullptr) return;
+  std::lock_guard cache_lock(own->lock);
+  for (Block* b : own->spill()) blocks.make_reusable(b);
+  own->spill().clear();
+}
+
+// The thread's spilled blocks go back to the pools, under one device lock.
+CUDALLOC_NOINLINE Status Impl::release_spill(ThreadCache& cache) {
   std::lock_guard lock(mutex);
   ++stats.totals.num_locked_frees;
-  blocks.make_reusable(b);
+  std::lock_guard cache_lock(cache.lock);
+  for (Block* b : cache.spill()) blocks.make_reusable(b);
+  cache.spill().clear();
   return Status::kOk;
 }
 
@@ -639,9 +657,9 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
       const std::size_t key = m.sizes.round_plain(b->requested);
       if (key != 0) [[likely]] {
         if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
-        const bool cached = park_reusable(m, cache, b, key);
+        const bool due = !park_reusable(m, cache, b, key) && m.spill(cache, b);
         cache.lock.unlock();
-        return cached ? Status::kOk : m.bin_full(b);
+        return due ? m.release_spill(cache) : Status::kOk;
       }
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));

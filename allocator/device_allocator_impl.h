@@ -126,9 +126,11 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status release_spill(ThreadCache& cache);
   void release_own_spill();
   Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, CallKind call, Locality locality);
-  // Closes the thread's deferred frees as a batch once one is due, or now if there are any.
-  enum class CloseWhen : bool { kDue, kNow };
+  // Closes the thread's deferred frees as a batch once one is due, or now if there are any
+  // (kNot: not yet; batch_due says which).
+  enum class CloseWhen { kNot, kDue, kNow };
   Status close_batch(ThreadCache& cache, CloseWhen when = CloseWhen::kDue);
+  CloseWhen batch_due(ThreadCache& cache);
   // This thread's cache for this allocator, or null; creates none (safe under `mutex`).
   ThreadCache* find_local_cache();
   // A small miss, before new memory is cut: this thread's bins, spill and batches past their

@@ -137,6 +137,7 @@ class FenceClock {
       // Every ticket stamped before this load: the fence recorded next covers it.
       const std::uint64_t want = next_ticket_.load(std::memory_order_acquire) - 1;
       auto fence = backend.record_device_fence();
+      recorded_any_.store(true, std::memory_order_relaxed);
       std::lock_guard lock(lock_);
       recorded_.push_back(Recorded{want, std::shared_ptr<Fence>(std::move(fence))});
       covered_ = want;
@@ -175,6 +176,10 @@ class FenceClock {
     const std::uint64_t ticket = SubmissionWatch::quiet_ticket(quiet_state_->load(std::memory_order_acquire));
     if (ticket != 0 && !known_past(ticket)) retire_done(ticket, /*wait=*/false);
   }
+
+  // Whether this clock has recorded a fence yet; whether it has a watch (attach).
+  bool recorded_any() const { return recorded_any_.load(std::memory_order_relaxed); }
+  bool watched() const { return watch_ != nullptr; }
 
   void clear() {
     if (watch_ != nullptr) watch_->mark_dirty(slot_);
@@ -258,6 +263,7 @@ class FenceClock {
   std::uint64_t wanted_ = 0;   // the newest ticket cover() was asked for
   bool recording_ = false;
   bool querying_ = false;
+  std::atomic<bool> recorded_any_{false};
   // Set by attach(), then read only.
   SubmissionWatch* watch_ = nullptr;
   int slot_ = SubmissionWatch::kNoSlot;

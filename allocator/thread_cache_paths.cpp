@@ -519,9 +519,9 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     cache.deferred().push_back(b);
     count_deferred(*this, cache, b);
     // Read under the lock: another thread may drain the cache.
-    const bool due = cache.batch_due(options.free_epoch_bytes);
+    const CloseWhen due = batch_due(cache);
     held.unlock();
-    return due ? close_batch(cache) : Status::kOk;
+    return due != CloseWhen::kNot ? close_batch(cache, due) : Status::kOk;
   }
   if (held.owns_lock()) held.unlock();  // the device lock is taken before a cache's, never after
   std::lock_guard lock(mutex);
@@ -579,9 +579,9 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
   if (events.observed()) observed_free(b, stream, locality, call);
   cache.deferred().push_back(b);
   count_deferred(*this, cache, b);
-  const bool due = cache.batch_due(options.free_epoch_bytes);
+  const CloseWhen due = batch_due(cache);
   held.unlock();
-  return due ? close_batch(cache) : Status::kOk;
+  return due != CloseWhen::kNot ? close_batch(cache, due) : Status::kOk;
 }
 
 // A block reusable at once whose bin had no room, under the cache's lock: it waits in the
@@ -608,6 +608,16 @@ CUDALLOC_NOINLINE Status Impl::release_spill(ThreadCache& cache) {
   for (Block* b : cache.spill()) blocks.make_reusable(b);
   cache.spill().clear();
   return Status::kOk;
+}
+
+// Under the cache's lock: whether its deferred frees make a batch now. With a submission
+// watch, the allocator's very first cudaFree closes one at once: its fence, once passed, is
+// what lets every later free with no work queued since reuse its block at once
+// (submission_watch.h), where a first batch of kFirstBatchBlocks left the first pairs to cut a
+// block each under the device lock.
+Impl::CloseWhen Impl::batch_due(ThreadCache& cache) {
+  if (cache.batch_due(options.free_epoch_bytes)) return CloseWhen::kDue;
+  return batch_fences.watched() && !batch_fences.recorded_any() ? CloseWhen::kNow : CloseWhen::kNot;
 }
 
 // The owner's deferred frees fill a batch. It is closed with a ticket and put behind a device
@@ -664,9 +674,9 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
       count_deferred(m, cache, b);
-      const bool due = cache.batch_due(m.options.free_epoch_bytes);
+      const Impl::CloseWhen due = m.batch_due(cache);
       cache.lock.unlock();
-      return due ? m.close_batch(cache) : Status::kOk;
+      return due != Impl::CloseWhen::kNot ? m.close_batch(cache, due) : Status::kOk;
     }
   }
   // Not the hot path's: the block goes back to the newest slot, where free_block looks first.

@@ -164,3 +164,18 @@ TEST_CASE("a device reset forgets the fences, and the watch with them") {
   f.pairs(512, 200);
   CHECK(f.sim.device_fences() > fences);
 }
+
+TEST_CASE("a watched allocator's first small cudaFree is fenced at once, and the next pair reuses its block") {
+  for (const std::size_t bytes : {std::size_t{512}, std::size_t{64} * kKiB}) {
+    INFO("bytes " << bytes);
+    Fixture f;
+    const DevicePtr a = f.get(bytes);
+    f.put(a);
+    CHECK(f.sim.device_fences() == 1);
+    CHECK(f.get(bytes) == a);
+    f.put(a);
+    CHECK(f.pairs(bytes, 100) == std::set<DevicePtr>{a});
+    CHECK(f.sim.device_fences() == 1);
+    CHECK(f.sim.segment_calls() == 1);
+  }
+}

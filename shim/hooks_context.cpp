@@ -181,9 +181,15 @@ CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return primary_reset(driver().cuDevicePrimaryCtxReset_v2, dev);
 }
+// The context's allocator is made here, where the runtime sets the device up, rather than at
+// the first cudaMalloc, which it would cost tens of microseconds.
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
   std::lock_guard lock(primary_lock(dev));
-  return driver().cuDevicePrimaryCtxRetain(ctx, dev);
+  const CUresult r = driver().cuDevicePrimaryCtxRetain(ctx, dev);
+  if (r == CUDA_SUCCESS && ctx != nullptr && *ctx != nullptr) {
+    if (ProcessState* ps = caching_state()) ps->contexts.get(*ctx);
+  }
+  return r;
 }
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return primary_release(driver().cuDevicePrimaryCtxRelease, dev);

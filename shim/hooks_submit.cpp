@@ -51,12 +51,14 @@ const Reals& reals() {
   if (const Reals* r = g_reals.load(std::memory_order_acquire)) return *r;
   std::lock_guard lock(g_reals_mutex);
   if (const Reals* r = g_reals.load(std::memory_order_acquire)) return *r;
-  auto* r = new Reals;
   // The program's libcuda: loaded by now (a hook is called, or a lookup answered, only then).
-  if (void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
-    const DlsymFn sym = real_dlsym();
-    for (std::size_t i = 0; i < kCount; ++i) r->fn[i] = sym(handle, kNames[i]);
-  }
+  // Were it not, nothing is kept, so that a later call resolves them.
+  static const Reals none;
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return none;
+  auto* r = new Reals;
+  const DlsymFn sym = real_dlsym();
+  for (std::size_t i = 0; i < kCount; ++i) r->fn[i] = sym(handle, kNames[i]);
   g_reals.store(r, std::memory_order_release);
   return *r;
 }

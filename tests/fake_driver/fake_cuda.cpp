@@ -2906,27 +2906,41 @@ FK_API void fakecuda_clear_failures(void) {
     a.faults.clear();
 }
 
-FK_API CUresult fakecuda_launch_write(CUstream stream, CUdeviceptr ptr, size_t bytes, unsigned char value, unsigned delay_us) {
-    return launch(stream, [=] {
+// The "kernels": what each does when its stream reaches it.
+namespace {
+std::function<void()> write_work(CUdeviceptr ptr, size_t bytes, unsigned char value, unsigned delay_us) {
+    return [=] {
         if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
         memset(reinterpret_cast<void*>(ptr), value, bytes);
-    }, ptr, bytes);
+    };
 }
-
-FK_API CUresult fakecuda_launch_fill_check(CUstream stream, CUdeviceptr ptr, size_t bytes, unsigned char expected,
-                                           unsigned delay_us, unsigned long long* mismatches) {
-    if (!mismatches) return CUDA_ERROR_INVALID_VALUE;
-    return launch(stream, [=] {
+std::function<void()> fill_check_work(CUdeviceptr ptr, size_t bytes, unsigned char expected, unsigned delay_us,
+                                      unsigned long long* mismatches) {
+    return [=] {
         if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
         const auto* p = reinterpret_cast<const unsigned char*>(ptr);
         unsigned long long n = 0;
         for (size_t i = 0; i < bytes; ++i) n += p[i] != expected;
         __atomic_add_fetch(mismatches, n, __ATOMIC_SEQ_CST);
-    }, ptr, bytes);
+    };
+}
+std::function<void()> sleep_work(unsigned delay_us) {
+    return [=] { std::this_thread::sleep_for(std::chrono::microseconds(delay_us)); };
+}
+}  // namespace
+
+FK_API CUresult fakecuda_launch_write(CUstream stream, CUdeviceptr ptr, size_t bytes, unsigned char value, unsigned delay_us) {
+    return launch(stream, write_work(ptr, bytes, value, delay_us), ptr, bytes);
+}
+
+FK_API CUresult fakecuda_launch_fill_check(CUstream stream, CUdeviceptr ptr, size_t bytes, unsigned char expected,
+                                           unsigned delay_us, unsigned long long* mismatches) {
+    if (!mismatches) return CUDA_ERROR_INVALID_VALUE;
+    return launch(stream, fill_check_work(ptr, bytes, expected, delay_us, mismatches), ptr, bytes);
 }
 
 FK_API CUresult fakecuda_launch_sleep(CUstream stream, unsigned delay_us) {
-    return launch(stream, [=] { std::this_thread::sleep_for(std::chrono::microseconds(delay_us)); });
+    return launch(stream, sleep_work(delay_us));
 }
 
 // cuLaunchKernel of the "kernels" above: `f` is the address of fakecuda_launch_write,
@@ -2939,31 +2953,20 @@ CUresult launch_kernel(CUfunction f, CUstream h, void** params, bool ptds) {
     if (kernel == reinterpret_cast<void*>(&fakecuda_launch_write)) {
         const CUdeviceptr ptr = *static_cast<CUdeviceptr*>(params[0]);
         const size_t bytes = *static_cast<size_t*>(params[1]);
-        const unsigned char value = *static_cast<unsigned char*>(params[2]);
-        const unsigned delay_us = *static_cast<unsigned*>(params[3]);
-        return launch(h, [=] {
-            if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-            memset(reinterpret_cast<void*>(ptr), value, bytes);
-        }, ptr, bytes, ptds);
+        return launch(h, write_work(ptr, bytes, *static_cast<unsigned char*>(params[2]), *static_cast<unsigned*>(params[3])),
+                      ptr, bytes, ptds);
     }
     if (kernel == reinterpret_cast<void*>(&fakecuda_launch_fill_check)) {
         const CUdeviceptr ptr = *static_cast<CUdeviceptr*>(params[0]);
         const size_t bytes = *static_cast<size_t*>(params[1]);
-        const unsigned char expected = *static_cast<unsigned char*>(params[2]);
-        const unsigned delay_us = *static_cast<unsigned*>(params[3]);
         unsigned long long* mismatches = *static_cast<unsigned long long**>(params[4]);
         if (!mismatches) return CUDA_ERROR_INVALID_VALUE;
-        return launch(h, [=] {
-            if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-            const auto* p = reinterpret_cast<const unsigned char*>(ptr);
-            unsigned long long n = 0;
-            for (size_t i = 0; i < bytes; ++i) n += p[i] != expected;
-            __atomic_add_fetch(mismatches, n, __ATOMIC_SEQ_CST);
-        }, ptr, bytes, ptds);
+        return launch(h, fill_check_work(ptr, bytes, *static_cast<unsigned char*>(params[2]),
+                                         *static_cast<unsigned*>(params[3]), mismatches),
+                      ptr, bytes, ptds);
     }
     if (kernel == reinterpret_cast<void*>(&fakecuda_launch_sleep)) {
-        const unsigned delay_us = *static_cast<unsigned*>(params[0]);
-        return launch(h, [=] { std::this_thread::sleep_for(std::chrono::microseconds(delay_us)); }, 0, 0, ptds);
+        return launch(h, sleep_work(*static_cast<unsigned*>(params[0])), 0, 0, ptds);
     }
     return CUDA_ERROR_INVALID_HANDLE;
 }

@@ -14,38 +14,15 @@
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
 #include "allocator/thread_cache.h"
+#include "sim_fixture.h"
 
 using namespace cudalloc;
+using cudalloc::testing::Fixture;
 
 namespace {
 
 constexpr StreamHandle kStreamA = 0x10;
 constexpr StreamHandle kStreamB = 0x20;
-
-struct Fixture {
-  explicit Fixture(AllocatorOptions o = {}, SimOptions so = {}) : options(o), sim(so), alloc(sim, options) {}
-  AllocatorOptions options;
-  SimBackend sim;
-  DeviceAllocator alloc;
-
-  DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
-    DevicePtr p = 0;
-    REQUIRE(alloc.allocate(bytes, stream, &p) == Status::kOk);
-    REQUIRE(p != 0);
-    return p;
-  }
-  std::int64_t stat(const char* key) { return alloc.stats().to_map().at(key); }
-
-  // get() for the threads a test starts. Catch2 v2's assertions are not thread-safe (TSan
-  // reports them), so such a thread only counts a failed request here, and the test's own
-  // thread checks failed_gets == 0 once the thread is joined.
-  DevicePtr get_in_thread(std::size_t bytes, StreamHandle stream = kNoStream) {
-    DevicePtr p = 0;
-    if (alloc.allocate(bytes, stream, &p) != Status::kOk || p == 0) ++failed_gets;
-    return p;
-  }
-  std::atomic<int> failed_gets{0};
-};
 
 // Two contexts of one device: allocators, each on a simulated backend of its own, that share
 // one budget under kLimit. Tests name the parts with references (a structured binding cannot

@@ -10,6 +10,7 @@
 #include "allocator/sim_backend.h"
 #include "allocator/submission_watch.h"
 #include "allocator/thread_cache.h"
+#include "sim_fixture.h"
 
 using namespace cudalloc;
 
@@ -23,17 +24,9 @@ SimOptions watched() {
   return so;
 }
 
-struct Fixture {
-  explicit Fixture(SimOptions so = watched(), AllocatorOptions o = {}) : sim(so), alloc(sim, o) {}
-  SimBackend sim;
-  DeviceAllocator alloc;
-
-  DevicePtr get(std::size_t bytes, StreamHandle stream = kNoStream) {
-    DevicePtr p = 0;
-    REQUIRE(alloc.allocate(bytes, stream, &p) == Status::kOk);
-    REQUIRE(p != 0);
-    return p;
-  }
+// The core's fixture with pairs of the test's own.
+struct Fixture : testing::Fixture {
+  explicit Fixture(SimOptions so = watched()) : testing::Fixture({}, so) {}
   void put(DevicePtr p) { REQUIRE(alloc.free(p, FreeOrder::kDevice) == Status::kOk); }
   // cudaMalloc+cudaFree pairs of `bytes` with no work queued: the pointers handed out.
   std::set<DevicePtr> pairs(std::size_t bytes, int n) {

@@ -67,7 +67,7 @@ struct alignas(64) Block {
   Segment* segment = nullptr;
   Block* prev = nullptr;
   Block* next = nullptr;
-  const void* taker = nullptr;            // large blocks: the thread cache of the thread that took it
+  const void* taker = nullptr;            // the thread cache of the thread that took it last
   // CU_POINTER_ATTRIBUTE_BUFFER_ID of the current hand-out, valid while has_buffer_id: taken
   // from a process-wide counter when first asked for (DeviceAllocator::find), under the lock.
   std::uint64_t buffer_id = 0;

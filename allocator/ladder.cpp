@@ -42,8 +42,9 @@ void Impl::take(Block* b, std::size_t requested, std::size_t rounded) {
   b->state = BlockState::kAllocated;
   b->requested = requested;
   b->has_buffer_id = false;
-  // Its free parks it in this thread's large bins only if this thread took it.
-  if (b->pool == PoolKind::kLarge) b->taker = find_local_cache();
+  // Its free parks it in this thread's large bins, or counts on the submission watch, only if
+  // this thread took it.
+  b->taker = find_local_cache();
   account_alloc(stats.totals, b, sizes.is_oversize(b->size));
   events.count_allocated(static_cast<std::int64_t>(b->size));
   live.insert(b->ptr, b);

@@ -307,6 +307,7 @@ namespace {
 // (find() takes one when asked); statistics. Under the cache's lock.
 CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_t bytes) {
   b->state = BlockState::kAllocated;
+  b->taker = &cache;
   b->requested = bytes;
   b->has_buffer_id = false;
   cache.hit_delta().alloc(b, m.sizes.is_oversize(b->size));
@@ -491,11 +492,15 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   const Locality locality = found_own ? Locality::kLocal : Locality::kShared;
   if (b == nullptr) b = take_live_elsewhere(ptr);
   if (b == nullptr) return Status::kInvalidValue;  // unknown, interior, or already freed
+  const bool taken_here = found_own || (own != nullptr && b->taker == own);
+  // No device work queued since a fence that has passed: whatever used the block is done. Only
+  // for a block this thread took: one freed by a consumer thread would otherwise sit in that
+  // thread's bins, where the thread that allocates its size never finds it.
+  if (order == FreeOrder::kDevice && taken_here && batch_fences.quiet()) order = FreeOrder::kCompleted;
   // A block reusable at once goes to this thread's cache; a cudaFree'd small one waits there
   // for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  const bool taken_here = found_own || (own != nullptr && b->taker == own);
   const bool cacheable = b->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
                                                      : reusable && parks_cycled_large(b, taken_here, own, held);
   // (taken_here implies `own`: the taker is a cache, and only its thread finds it.)
@@ -651,8 +656,6 @@ CUDALLOC_NOINLINE Status Impl::close_batch(ThreadCache& cache, CloseWhen when) {
 // cache's lock, held here, before the block can serve again.
 CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, StreamHandle stream, bool async) {
   Impl& m = *impl_;
-  // No device work queued since a fence that has passed: whatever used the block is done.
-  if (order == FreeOrder::kDevice && m.batch_fences.quiet()) order = FreeOrder::kCompleted;
   if (!m.options.thread_cache || t_last_id != m.id) [[unlikely]] {
     return m.free_block(ptr, order, stream, call_kind(async), nullptr);
   }
@@ -661,6 +664,7 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
   Block* b = cache.live.take_newest(ptr);
   if (b != nullptr) [[likely]] {
     const bool small = b->pool == PoolKind::kSmall;
+    if (order == FreeOrder::kDevice && m.batch_fences.quiet()) order = FreeOrder::kCompleted;
     const bool reusable = order == FreeOrder::kCompleted ||
                           (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
     if (reusable && (small || parks_large(b, true))) {

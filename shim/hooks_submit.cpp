@@ -121,7 +121,8 @@ bool is_submission_hook_name(const char* symbol) {
 }
 
 bool is_submission_name(const char* symbol) {
-  if (symbol == nullptr || std::strncmp(symbol, "cu", 2) != 0) return false;
+  // Driver entry points are "cu" and a capital: not the runtime's cudaMemcpy, nor cuBLAS's.
+  if (symbol == nullptr || std::strncmp(symbol, "cu", 2) != 0 || symbol[2] < 'A' || symbol[2] > 'Z') return false;
   if (std::strncmp(symbol, "cuGraph", 7) == 0) {
     // Building a graph queues nothing; launching or uploading one does.
     return std::strncmp(symbol, "cuGraphLaunch", 13) == 0 || std::strncmp(symbol, "cuGraphUpload", 13) == 0;

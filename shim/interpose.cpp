@@ -61,8 +61,6 @@ void* substitute_with(const DriverApi& d, void* real) {
   return substitute_submission(real);
 }
 
-}  // namespace
-
 // A lookup answered with `real` (null: not found), replaced by a hook of ours or not.
 void watch_lookup(const char* symbol, const void* real, bool hooked) {
   if (real == nullptr || hooked || !is_submission_name(symbol) || is_submission_hook(real)) return;
@@ -74,6 +72,8 @@ void watch_lookup(const char* symbol, const void* real, bool hooked) {
              symbol);
   }
 }
+
+}  // namespace
 
 void* substitute(void* real) { return substitute_with(driver(), real); }
 

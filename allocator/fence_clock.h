@@ -133,7 +133,7 @@ class FenceClock {
       // the watch still clean is covered by this fence (submission_watch.h). A watch clean
       // already keeps its older ticket, which needs no newer fence: moved on at every fence, it
       // would stay ahead of what the refills have found passed.
-      if (watch_ != nullptr && watch_->quiet_since(slot_) == 0) watch_->clear(slot_, stamp());
+      if (watch_ != nullptr && quiet_ticket() == 0) watch_->clear(slot_, stamp());
       // Every ticket stamped before this load: the fence recorded next covers it.
       const std::uint64_t want = next_ticket_.load(std::memory_order_acquire) - 1;
       auto fence = backend.record_device_fence();
@@ -153,17 +153,14 @@ class FenceClock {
     SubmissionWatch* w = backend.submission_watch();
     if (w == nullptr) return;
     slot_ = w->open_slot();
-    if (slot_ == SubmissionWatch::kNoSlot) return;
-    watch_ = w;
-    quiet_state_ = w->state_of(slot_);
+    if (slot_ != SubmissionWatch::kNoSlot) watch_ = w;
   }
 
   // Whether a cudaFree now may reuse its block at once: no device work was queued since a
   // fence of this clock began recording, and that fence has passed (submission_watch.h). No
   // lock, no call: two loads.
   bool quiet() const {
-    if (quiet_state_ == nullptr) return false;
-    const std::uint64_t ticket = SubmissionWatch::quiet_ticket(quiet_state_->load(std::memory_order_acquire));
+    const std::uint64_t ticket = quiet_ticket();
     return ticket != 0 && known_past(ticket);
   }
 
@@ -172,8 +169,7 @@ class FenceClock {
   // device has caught up. A refill asks only for its own batch's, which lags behind the
   // quiet ticket by the batches still outstanding.
   void catch_up_quiet() {
-    if (quiet_state_ == nullptr) return;
-    const std::uint64_t ticket = SubmissionWatch::quiet_ticket(quiet_state_->load(std::memory_order_acquire));
+    const std::uint64_t ticket = quiet_ticket();
     if (ticket != 0 && !known_past(ticket)) retire_done(ticket, /*wait=*/false);
   }
 
@@ -194,6 +190,9 @@ class FenceClock {
     std::uint64_t covers;  // every ticket up to this one
     std::shared_ptr<Fence> fence;
   };
+
+  // The watch's quiet ticket for this clock (submission_watch.h); 0 without a watch.
+  std::uint64_t quiet_ticket() const { return watch_ == nullptr ? 0 : watch_->quiet_since(slot_); }
 
   // While `ticket` is neither past nor covered and another thread is recording a fence.
   void wait_for_recording(std::uint64_t ticket) {
@@ -267,7 +266,6 @@ class FenceClock {
   // Set by attach(), then read only.
   SubmissionWatch* watch_ = nullptr;
   int slot_ = SubmissionWatch::kNoSlot;
-  const std::atomic<std::uint64_t>* quiet_state_ = nullptr;
   std::deque<Recorded> recorded_;
 };
 

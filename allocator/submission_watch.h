@@ -61,18 +61,12 @@ class SubmissionWatch {
   }
 
   // The ticket whose fence began recording after the last work queued, or 0 when work was
-  // queued since (or nothing is known).
+  // queued since (or nothing is known). One load: the cudaFree hot path asks.
   std::uint64_t quiet_since(int slot) const {
     if (slot == kNoSlot) return 0;
     const std::uint64_t s = slots_[slot].state.load(std::memory_order_acquire);
     return (s & kDirty) != 0 ? 0 : s >> 1;
   }
-
-  // The slot's state word, for a hot path that reads it without a call.
-  const std::atomic<std::uint64_t>* state_of(int slot) const {
-    return slot == kNoSlot ? nullptr : &slots_[slot].state;
-  }
-  static std::uint64_t quiet_ticket(std::uint64_t state) { return (state & kDirty) != 0 ? 0 : state >> 1; }
 
   // A slot's clock forgets its fences (its device was reset): dirty until its next fence.
   void mark_dirty(int slot) {

@@ -124,6 +124,7 @@ struct DeviceAllocator::Impl final : std::enable_shared_from_this<DeviceAllocato
   Status free_block(DevicePtr ptr, FreeOrder order, StreamHandle stream, CallKind call, ThreadCache* own);
   bool spill(ThreadCache& cache, Block* b);
   Status release_spill(ThreadCache& cache);
+  void return_spill(ThreadCache& cache);
   void release_own_spill();
   Status free_large_deferred(Block* b, ThreadCache& own, StreamHandle stream, CallKind call, Locality locality);
   // Closes the thread's deferred frees as a batch once one is due, or now if there are any

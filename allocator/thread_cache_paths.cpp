@@ -164,8 +164,7 @@ void Impl::drain(ThreadCache& cache, Drain what) {
     fences.defer_to_epoch(b);
   }
   cache.clear_deferred();
-  for (Block* b : cache.spill()) blocks.make_reusable(b);
-  cache.spill().clear();
+  return_spill(cache);
   // A batch handed over is reusable at once if its fence has passed; otherwise it joins the
   // open epoch: the fence that closes it comes later than the batch's frees, which is all a
   // batch needs.
@@ -252,8 +251,7 @@ void Impl::drain_own() {
   ThreadCache& cache = *own;
   std::lock_guard lock(cache.lock);
   stats.fold(cache);
-  for (Block* b : cache.spill()) blocks.make_reusable(b);
-  cache.spill().clear();
+  return_spill(cache);
   release_passed_batches(cache);
   cache.drain_bins([this](Block* b) { blocks.make_reusable(b); });
   cache.reset_bridges();
@@ -295,8 +293,7 @@ void Impl::drain_own_large() {
   ThreadCache* own = find_local_cache();
   if (own == nullptr) return;
   std::lock_guard lock(own->lock);
-  for (Block* b : own->spill()) blocks.make_reusable(b);
-  own->spill().clear();
+  return_spill(*own);
   if (own->large_bytes() == 0) return;
   own->drain_large_bins([this](Block* b) { blocks.make_reusable(b); });
 }
@@ -601,8 +598,13 @@ void Impl::release_own_spill() {
   ThreadCache* own = options.thread_cache && !t_caches_gone ? find_local_cache() : nullptr;
   if (own == nullptr) return;
   std::lock_guard cache_lock(own->lock);
-  for (Block* b : own->spill()) blocks.make_reusable(b);
-  own->spill().clear();
+  return_spill(*own);
+}
+
+// Under the device lock and the cache's: its spilled blocks go back to the pools.
+void Impl::return_spill(ThreadCache& cache) {
+  for (Block* b : cache.spill()) blocks.make_reusable(b);
+  cache.spill().clear();
 }
 
 // The thread's spilled blocks go back to the pools, under one device lock.
@@ -610,8 +612,7 @@ CUDALLOC_NOINLINE Status Impl::release_spill(ThreadCache& cache) {
   std::lock_guard lock(mutex);
   ++stats.totals.num_locked_frees;
   std::lock_guard cache_lock(cache.lock);
-  for (Block* b : cache.spill()) blocks.make_reusable(b);
-  cache.spill().clear();
+  return_spill(cache);
   return Status::kOk;
 }
 

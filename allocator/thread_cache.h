@@ -54,8 +54,8 @@ class ThreadCache {
   static constexpr std::size_t kFirstBatchBytes = kSmallBuffer / 2;
   static constexpr std::size_t kGrowAfter = 8;
   // Past this many full batches' worth of blocks (or small blocks' bytes) in closed batches the
-  // owner hands the older ones to the device allocator. (Deferred frees never pile up past a batch: one is closed at
-  // kBatchBlocks.)
+  // owner hands the older ones to the device allocator. (Deferred frees never pile up past a
+  // batch: one is closed at kBatchBlocks.)
   static constexpr std::size_t kMaxBatches = 8;
   // Large bins: a loop needs one block per size it cycles through, a double buffer two.
   static constexpr std::size_t kLargeBins = 8;

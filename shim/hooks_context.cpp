@@ -181,8 +181,8 @@ CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return primary_reset(driver().cuDevicePrimaryCtxReset_v2, dev);
 }
-// The context's allocator is made here, where the runtime sets the device up, rather than at
-// the first cudaMalloc, which it would cost tens of microseconds.
+// The context's allocator is made here, where the runtime sets the device up, rather than
+// inside the program's first cudaMalloc, which would otherwise pay for it.
 CUDALLOC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
   std::lock_guard lock(primary_lock(dev));
   const CUresult r = driver().cuDevicePrimaryCtxRetain(ctx, dev);

@@ -47,7 +47,7 @@ static Chase chase(void* watched, size_t n, cudaStream_t s) {
 }
 
 int main() {
-  const size_t n = size_t{256} << 20;  // a memset or a copy of it runs for tens of microseconds
+  const size_t n = size_t{256} << 20;  // large enough that a memset or a copy of it takes a while
   cudaStream_t nb;
   CHECK_CUDA(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
   void* src = nullptr;

@@ -68,6 +68,7 @@ struct alignas(64) Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   const void* taker = nullptr;            // the thread cache of the thread that took it last
+  Block* cached_next = nullptr;           // the next block of its thread-cache bin, while cached
   // CU_POINTER_ATTRIBUTE_BUFFER_ID of the current hand-out, valid while has_buffer_id: taken
   // from a process-wide counter when first asked for (DeviceAllocator::find), under the lock.
   std::uint64_t buffer_id = 0;

@@ -115,7 +115,7 @@ void DeviceAllocator::forget_all() {
     std::lock_guard cache_lock(cache->lock);
     cache->drain_bins([](Block*) {});
     cache->forget_pending();
-    cache->spill().clear();
+    cache->clear_spill();
     cache->reset_delta();
     cache->reset_bridges();
     cache->live.clear();

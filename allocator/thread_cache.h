@@ -1,6 +1,7 @@
 // A thread's private stock of free blocks, so that a cached allocate and free touch no shared
-// lock. Bins hold blocks reusable at once on their stream, keyed by (stream, rounded request
-// size): a block may be larger than the request it served, and serves the same request again.
+// lock. Bins hold blocks reusable at once on their stream, keyed by (stream, bin class): a block
+// waits in the class of its size (bin_classes.h) and serves a request of its own size, or one up
+// to a class's width smaller, so that sizes that vary from call to call find cached blocks too.
 // Blocks freed with cudaFree wait in `deferred`; the owner closes them into batches behind
 // device fences shared across threads (fence_clock.h), and once a batch's fence completes its
 // blocks refill the bins. `live` holds the blocks this thread took from its bins and has not
@@ -10,12 +11,11 @@
 // drain the cache under pressure, to read the statistics deltas, and to find a block freed by
 // another thread.
 //
-// Large-pool blocks have bins of their own, few and shallow, bounded in bytes: a thread that
-// allocates and frees the same large size (a workspace, a staging buffer) then touches no
-// shared lock either, while parked large memory stays small next to what it would keep from
-// coalescing. A cudaFree'd large block waits on the allocator's fences, unless another thread
-// holds the device lock: a whole segment the thread took itself then waits in its batches as
-// small ones do, up to kLargeHeldBytes a thread (Impl::free_large_deferred).
+// What the bins hold is bounded in bytes, small and large blocks apart (kSmallBytes,
+// kLargeBytes), and goes back to the pools before the thread's next miss cuts new memory. A
+// cudaFree'd large block waits on the allocator's fences, unless another thread holds the
+// device lock: a whole segment the thread took itself then waits in its batches as small ones
+// do, up to kLargeHeldBytes a thread (Impl::free_large_deferred).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "allocator/bin_classes.h"
 #include "allocator/block.h"
 #include "allocator/hot_stats.h"
 #include "allocator/live_map.h"
@@ -38,8 +39,16 @@ namespace cudalloc {
 
 class ThreadCache {
  public:
-  static constexpr std::size_t kBins = 32;
+  // A bin holds at most this many blocks of a small class, kLargeDepth of a large one.
   static constexpr std::size_t kDepth = 64;
+  static constexpr std::size_t kLargeDepth = 8;
+  // Streams whose blocks the bins hold at once; a fifth finds no bin until one shelf is empty.
+  static constexpr std::size_t kShelves = 4;
+  // A request looks this deep into a bin for a block of its exact size before it takes the
+  // first that fits: sizes that repeat keep their own blocks.
+  static constexpr std::size_t kScan = 4;
+  // At most this much small memory in a thread's bins.
+  static constexpr std::size_t kSmallBytes = 1024 * kMiB;
   // Deferred frees are fenced in batches of at most this many blocks (or bytes), so the cost of
   // a device fence (events on the legacy stream and on each busy one, then a query: microseconds
   // of driver calls) is shared. A thread that allocates and frees in a loop has one batch
@@ -57,9 +66,6 @@ class ThreadCache {
   // owner hands the older ones to the device allocator. (Deferred frees never pile up past a
   // batch: one is closed at kBatchBlocks.)
   static constexpr std::size_t kMaxBatches = 8;
-  // Large bins: a loop needs one block per size it cycles through, a double buffer two.
-  static constexpr std::size_t kLargeBins = 8;
-  static constexpr std::size_t kLargeDepth = 2;
   // At most this much large memory parked per thread; a 256 MiB buffer still fits.
   static constexpr std::size_t kLargeBytes = 256 * kMiB;
   // A thread holds at most this much of cudaFree'd large blocks deferred or in batches: a loop
@@ -80,78 +86,91 @@ class ThreadCache {
     bool passed = false;  // its fence is known complete: what is left of it needs no query
   };
 
-  // `size` is the rounded request; past kSmallSize the block is from the large pool.
+  // A block for the rounded request `size` on `stream`: one of its class, of exactly its size
+  // if one is near the top of the bin, else the first that fits within bin_classes::slack; or
+  // else one of the next kReach classes within that slack, the nearest first. Past kSmallSize
+  // the block is from the large pool.
   Block* pop(StreamHandle stream, std::size_t size) {
-    if (size > kSmallSize) {
-      Block* b = take_from(large_bins_[large_index(stream, size)], stream, size);
-      if (b != nullptr) large_bytes_ -= b->size;
-      return b;
+    Shelf* shelf = shelf_of(stream);
+    if (shelf == nullptr) return nullptr;
+    const PoolKind pool = SizeClasses::pool_for(size);
+    const std::size_t c = bin_classes::of(size, pool);
+    const std::size_t limit = size + bin_classes::slack(size);
+    Block* b = take_fit(shelf->bins[c], size, limit);
+    for (std::size_t n = c, i = 0; b == nullptr && i < bin_classes::kReach; ++i) {
+      n = bin_classes::next(n);
+      if (n == bin_classes::kClasses) return nullptr;
+      if (shelf->bins[n].head != nullptr) b = take_fit(shelf->bins[n], size, limit);
     }
-    return take_from(bins_[index(stream, size)], stream, size);
+    if (b == nullptr) return nullptr;
+    --shelf->count;
+    (pool == PoolKind::kSmall ? small_bytes_ : large_bytes_) -= b->size;
+    return b;
   }
 
-  // False when the bin is full or holds another key, or (large) the byte bound is reached.
-  bool push(Block* block, std::size_t size) {
-    if (size > kSmallSize) {
-      if (large_bytes_ + block->size > kLargeBytes) return false;
-      if (!put(large_bins_[large_index(block->stream, size)], block, size)) return false;
-      large_bytes_ += block->size;
-      return true;
-    }
-    return put(bins_[index(block->stream, size)], block, size);
+  // False when the block's bin is full, its pool's bytes bound is reached, or every shelf holds
+  // another stream's blocks.
+  bool push(Block* block) {
+    Shelf* shelf = shelf_for(block->stream);
+    if (shelf == nullptr) return false;
+    const bool small = block->pool == PoolKind::kSmall;
+    std::size_t& bytes = small ? small_bytes_ : large_bytes_;
+    if (bytes + block->size > (small ? kSmallBytes : kLargeBytes)) return false;
+    Bin& bin = shelf->bins[bin_classes::of(block->size, block->pool)];
+    if (bin.count == (small ? kDepth : kLargeDepth)) return false;
+    link(*shelf, bin, block);
+    bytes += block->size;
+    return true;
   }
 
-  // Moves the leading blocks of `from` (small, of key (stream, size) by `key_of`) into that bin
-  // while it has room, marking them cached, and stops at the first block of another key: a
+  // Moves the leading blocks of `from` (small, on `stream`, of the class of the rounded request
+  // `size`) into that bin while it has room, and stops at the first block of another class: a
   // refill's common case, a batch of one loop's frees, without a bin lookup per block. Returns
   // how many moved; `bytes` gets the sum of their sizes.
-  template <typename KeyOf>
-  std::size_t fill_bin(StreamHandle stream, std::size_t size, Block* const* from, std::size_t n, KeyOf&& key_of,
-                       std::size_t* bytes) {
-    auto& bin = bins_[index(stream, size)];
+  std::size_t fill_bin(StreamHandle stream, std::size_t size, Block* const* from, std::size_t n, std::size_t* bytes) {
     *bytes = 0;
-    if (bin.count != 0 && (bin.stream != stream || bin.size != size)) return 0;
+    if (size > kSmallSize) return 0;
+    Shelf* shelf = shelf_for(stream);
+    if (shelf == nullptr) return 0;
+    const std::size_t c = bin_classes::of(size, PoolKind::kSmall);
+    Bin& bin = shelf->bins[c];
     std::size_t moved = 0;
-    std::size_t count = bin.count;
     std::size_t sum = 0;
-    for (; moved < n && count < kDepth; ++moved) {
+    for (; moved < n && bin.count < kDepth; ++moved) {
       Block* b = from[moved];
-      if (b->stream != stream || b->pool != PoolKind::kSmall || key_of(b) != size) break;
-      b->state = BlockState::kCached;
+      if (b->stream != stream || b->pool != PoolKind::kSmall || bin_classes::of(b->size, PoolKind::kSmall) != c ||
+          small_bytes_ + sum + b->size > kSmallBytes) {
+        break;
+      }
       sum += b->size;
-      bin.blocks[count++] = b;
+      link(*shelf, bin, b);
     }
-    if (moved != 0) {
-      bin.stream = stream;
-      bin.size = size;
-      bin.count = count;
-    }
+    small_bytes_ += sum;
     *bytes = sum;
     return moved;
   }
 
-  // Whether the bin of (stream, size) holds that key and has no room.
+  // Whether the bin of the rounded request `size` on `stream` has no room.
   bool full(StreamHandle stream, std::size_t size) const {
-    if (size > kSmallSize) {
-      const auto& bin = large_bins_[large_index(stream, size)];
-      return bin.count == kLargeDepth && bin.stream == stream && bin.size == size;
+    const PoolKind pool = SizeClasses::pool_for(size);
+    if ((pool == PoolKind::kSmall ? small_bytes_ + size > kSmallBytes : large_bytes_ + size > kLargeBytes)) return true;
+    for (const Shelf& shelf : shelves_) {
+      if (shelf.count != 0 && shelf.stream == stream) {
+        return shelf.bins[bin_classes::of(size, pool)].count == (pool == PoolKind::kSmall ? kDepth : kLargeDepth);
+      }
     }
-    const auto& bin = bins_[index(stream, size)];
-    return bin.count == kDepth && bin.stream == stream && bin.size == size;
+    return false;
   }
 
   template <typename F>
   void drain_bins(F&& f) {
-    for (auto& bin : bins_) {
-      while (bin.count != 0) f(bin.blocks[--bin.count]);
-    }
-    drain_large_bins(f);
+    drain_classes(0, bin_classes::kClasses, f);
+    small_bytes_ = 0;
+    large_bytes_ = 0;
   }
   template <typename F>
   void drain_large_bins(F&& f) {
-    for (auto& bin : large_bins_) {
-      while (bin.count != 0) f(bin.blocks[--bin.count]);
-    }
+    drain_classes(bin_classes::kSmallClasses, bin_classes::kClasses, f);
     large_bytes_ = 0;
   }
   std::size_t large_bytes() const { return large_bytes_; }
@@ -267,26 +286,33 @@ class ThreadCache {
   // What the thread holds out of the pools: blocks in its bins, deferred and in batches.
   // Under the lock; walks what it counts (for the statistics, not the hot path).
   std::size_t held_bytes() const {
-    std::size_t sum = 0;
-    for (const auto& bin : bins_) {
-      for (std::size_t i = 0; i < bin.count; ++i) sum += bin.blocks[i]->size;
-    }
-    for (const auto& bin : large_bins_) {
-      for (std::size_t i = 0; i < bin.count; ++i) sum += bin.blocks[i]->size;
-    }
+    std::size_t sum = small_bytes_ + large_bytes_;
     for (const Block* b : deferred_) sum += b->size;
     for (const Batch& batch : batches_) {
       for (const Block* b : batch.blocks) sum += b->size;
     }
-    for (const Block* b : spill_) sum += b->size;
+    sum += spill_bytes_;
     return sum;
   }
-  // Blocks that became reusable but found no room in the bins: the allocator takes them, a
-  // batch of kSpillBatch at a time (one device lock for them all: in a random mix of sizes most
-  // frees find their bin full), or at the thread's next miss that takes the lock.
+  // Blocks that became reusable but found no room in the bins, and large ones the bins do not
+  // park: the allocator takes them, a batch of kSpillBatch (or kSpillBytes) at a time, one
+  // device lock for them all, or at the thread's next miss that takes the lock, before the
+  // pools are searched. (In a random mix of sizes most frees find no room, or are of split
+  // large blocks: each took the device lock.)
   static constexpr std::size_t kSpillBatch = 32;
-  std::vector<Block*>& spill() { return spill_; }
-  bool spill_due() const { return spill_.size() >= kSpillBatch; }
+  static constexpr std::size_t kSpillBytes = 64 * kMiB;
+  const std::vector<Block*>& spill() const { return spill_; }
+  // Adds a block; whether the spill is due to go to the allocator.
+  bool add_spill(Block* b) {
+    spill_.push_back(b);
+    spill_bytes_ += b->size;
+    return spill_due();
+  }
+  bool spill_due() const { return spill_.size() >= kSpillBatch || spill_bytes_ >= kSpillBytes; }
+  void clear_spill() {
+    spill_.clear();
+    spill_bytes_ = 0;
+  }
 
   // Statistics changes made on the hot path, folded into the allocator's under its lock
   // (fold_into). Every locked operation folds every thread's delta, skipping a cache whose delta
@@ -348,38 +374,77 @@ class ThreadCache {
   SpinLock lock;
 
  private:
-  template <std::size_t Depth>
+  // A class's cached blocks, linked through Block::cached_next, newest first.
   struct Bin {
-    StreamHandle stream = 0;
-    std::size_t size = 0;
+    Block* head = nullptr;
     std::size_t count = 0;
-    std::array<Block*, Depth> blocks{};
   };
-  // A bin may hold another key (collision): then this is a miss.
-  template <typename B>
-  static Block* take_from(B& bin, StreamHandle stream, std::size_t size) {
-    if (bin.count == 0 || bin.stream != stream || bin.size != size) return nullptr;
-    return bin.blocks[--bin.count];
+  struct Shelf {
+    StreamHandle stream = 0;
+    std::size_t count = 0;  // blocks in all its bins; an empty shelf may take another stream
+    std::array<Bin, bin_classes::kClasses> bins{};
+  };
+  Shelf* shelf_of(StreamHandle stream) {
+    for (Shelf& shelf : shelves_) {
+      if (shelf.stream == stream && shelf.count != 0) return &shelf;
+    }
+    return nullptr;
   }
-  template <typename B>
-  static bool put(B& bin, Block* block, std::size_t size) {
-    if (bin.count != 0 && (bin.stream != block->stream || bin.size != size)) return false;
-    if (bin.count == bin.blocks.size()) return false;
-    bin.stream = block->stream;
-    bin.size = size;
-    bin.blocks[bin.count++] = block;
-    block->state = BlockState::kCached;
-    return true;
+  Shelf* shelf_for(StreamHandle stream) {
+    if (Shelf* shelf = shelf_of(stream)) return shelf;
+    for (Shelf& shelf : shelves_) {
+      if (shelf.count == 0) {
+        shelf.stream = stream;
+        return &shelf;
+      }
+    }
+    return nullptr;
   }
-  static std::size_t hash(StreamHandle stream, std::size_t size) {
-    return ((size >> 9) ^ (stream * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull;
+  static void link(Shelf& shelf, Bin& bin, Block* b) {
+    b->cached_next = bin.head;
+    b->state = BlockState::kCached;
+    bin.head = b;
+    ++bin.count;
+    ++shelf.count;
   }
-  static std::size_t index(StreamHandle stream, std::size_t size) { return hash(stream, size) >> 59; }
-  static std::size_t large_index(StreamHandle stream, std::size_t size) { return hash(stream, size) >> 61; }
-  static_assert(kBins == 32 && kLargeBins == 8, "index() and large_index() take the top 5 and 3 bits");
+  // Unlinks and returns a block of [size, limit] from the first kScan of `bin`: the first of
+  // exactly `size`, else the first that fits.
+  static Block* take_fit(Bin& bin, std::size_t size, std::size_t limit) {
+    Block** fit = nullptr;
+    Block** at = &bin.head;
+    for (std::size_t i = 0; i < kScan && *at != nullptr; ++i, at = &(*at)->cached_next) {
+      const std::size_t s = (*at)->size;
+      if (s == size) {
+        fit = at;
+        break;
+      }
+      if (fit == nullptr && s > size && s <= limit) fit = at;
+    }
+    if (fit == nullptr) return nullptr;
+    Block* b = *fit;
+    *fit = b->cached_next;
+    b->cached_next = nullptr;
+    --bin.count;
+    return b;
+  }
+  template <typename F>
+  void drain_classes(std::size_t from, std::size_t to, F&& f) {
+    for (Shelf& shelf : shelves_) {
+      for (std::size_t c = from; c < to; ++c) {
+        Bin& bin = shelf.bins[c];
+        while (Block* b = bin.head) {
+          bin.head = b->cached_next;
+          b->cached_next = nullptr;
+          --shelf.count;
+          f(b);
+        }
+        bin.count = 0;
+      }
+    }
+  }
 
-  std::array<Bin<kDepth>, kBins> bins_;
-  std::array<Bin<kLargeDepth>, kLargeBins> large_bins_;
+  std::array<Shelf, kShelves> shelves_{};
+  std::size_t small_bytes_ = 0;
   std::size_t large_bytes_ = 0;
   std::vector<Block*> deferred_;
   std::size_t deferred_bytes_ = 0;        // small blocks'
@@ -400,6 +465,7 @@ class ThreadCache {
   bool cycling_large_ = false;
   std::deque<Batch> batches_;
   std::vector<Block*> spill_;
+  std::size_t spill_bytes_ = 0;
   // Under the lock; the load first keeps a hot path that changes the delta every operation from
   // writing this line every time.
   void mark_changed() {

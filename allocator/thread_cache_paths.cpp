@@ -1,6 +1,6 @@
 // The thread-cache side of the device allocator: DeviceAllocator::allocate and ::free with
-// their lock-free hot paths (an exact-size block from, or back to, the calling thread's
-// cache), and the plumbing that ties the caches to the allocator: finding this thread's
+// their lock-free hot paths (a block of the request's bin class from, or back to, the calling
+// thread's cache), and the plumbing that ties the caches to the allocator: finding this thread's
 // cache, folding its statistics in, refilling its bins from fenced batches, and draining it
 // back into the pools. Kept in one translation unit so that everything the hot paths call is
 // inlinable; whatever misses falls through to the locked ladder in device_allocator.cpp.
@@ -21,10 +21,10 @@ using Impl = DeviceAllocator::Impl;
 
 // Whether a large block, reusable at once, goes to the freeing thread's bins: only a whole plain
 // segment freed by the thread that took it. A whole segment has no neighbours to keep from
-// coalescing (parking split blocks cost the replays utilization: the bins hand
-// back the last block freed, where the pool picks the best fit). One freed by a consumer thread
-// that never allocates its size would sit in that thread's bins. (The size test reads no links
-// that the locked path may be changing.)
+// coalescing (parking split blocks cost the replays utilization: the bins hand back the last
+// block freed, where the pool picks the best fit). One freed by a consumer thread that never
+// allocates its size would sit in that thread's bins. (The size test reads no links that the
+// locked path may be changing.)
 bool parks_large(const Block* b, bool taken_here) {
   return taken_here && !b->segment->expandable && b->size == b->segment->size;
 }
@@ -218,16 +218,15 @@ CUDALLOC_HOT Impl::Refill Impl::refill(ThreadCache& cache, StreamHandle stream, 
   batch.passed = true;
   auto& blocks = batch.blocks;
   std::size_t bytes = 0;
-  std::size_t moved = cache.fill_bin(stream, rounded, blocks.data(), blocks.size(),
-                                     [this](const Block* b) { return sizes.round(b->requested); }, &bytes);
+  std::size_t moved = cache.fill_bin(stream, rounded, blocks.data(), blocks.size(), &bytes);
   if (moved != 0) cache.delta().inactive_small(static_cast<std::int64_t>(moved), static_cast<std::int64_t>(bytes));
   for (; moved < blocks.size() && !cache.full(stream, rounded); ++moved) {
     Block* b = blocks[moved];
     cache.left_batches(b);
     cache.delta().inactive(b);
-    if (!cache.push(b, sizes.round(b->requested))) {
+    if (!cache.push(b)) {
       b->state = BlockState::kPending;
-      cache.spill().push_back(b);
+      (void)cache.add_spill(b);
     }
   }
   blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(moved));
@@ -310,14 +309,22 @@ CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_
   cache.hit_delta().alloc(b, m.sizes.is_oversize(b->size));
 }
 
-// A free reusable at once on its stream: into the bin of `key` (its request, rounded). False
-// when that bin has no room (the block is then pending, for the device allocator to take).
-// Under the cache's lock.
-CUDALLOC_INLINE bool park_reusable(Impl& m, ThreadCache& cache, Block* b, std::size_t key) {
+// A free reusable at once on its stream: into the bin of its size's class. False when that bin
+// has no room (the block is then pending, for the device allocator to take). Under the cache's
+// lock.
+CUDALLOC_INLINE bool park_reusable(Impl& m, ThreadCache& cache, Block* b) {
   cache.delta().free_reusable(b, m.sizes.is_oversize(b->size));
-  if (cache.push(b, key)) [[likely]] return true;
+  if (cache.push(b)) [[likely]] return true;
   b->state = BlockState::kPending;
   return false;
+}
+
+// A free reusable at once that the bins do not take: into the spill. Whether the spill is due.
+// Under the cache's lock.
+CUDALLOC_INLINE bool spill_reusable(Impl& m, ThreadCache& cache, Block* b) {
+  cache.delta().free_reusable(b, m.sizes.is_oversize(b->size));
+  b->state = BlockState::kPending;
+  return m.spill(cache, b);
 }
 
 // A cudaFree'd block (small, or a large whole segment), already in the cache's deferred frees,
@@ -447,9 +454,9 @@ CUDALLOC_NOINLINE Status Impl::allocate_locked(std::size_t bytes, StreamHandle s
   return out_of_memory(bytes, stream, call);
 }
 
-// The hot path, an exact-size block from this thread's bins, makes no call but its last:
-// everything else (a miss, a new thread, a size rounded by roundup_power2_divisions or past the
-// thread caches' bound, an observer, a second live block) continues out of line.
+// The hot path, a block of the request's class from this thread's bins, makes no call but its
+// last: everything else (a miss, a new thread, a size rounded by roundup_power2_divisions or
+// past the thread caches' bound, an observer, a second live block) continues out of line.
 CUDALLOC_HOT Status DeviceAllocator::allocate(std::size_t bytes, StreamHandle stream, DevicePtr* out, bool async) {
   Impl& m = *impl_;
   const CallKind call = call_kind(async);
@@ -498,8 +505,12 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
   // for the next device fence.
   const bool reusable = order == FreeOrder::kCompleted ||
                         (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
-  const bool cacheable = b->pool == PoolKind::kSmall ? reusable || order == FreeOrder::kDevice
-                                                     : reusable && parks_cycled_large(b, taken_here, own, held);
+  const bool small = b->pool == PoolKind::kSmall;
+  const bool parks = small || (reusable && parks_cycled_large(b, taken_here, own, held));
+  // A large block reusable at once that the bins do not park, freed by the thread that took it,
+  // waits in that thread's spill, one device lock for a batch of them: the thread's next locked
+  // allocation returns it to the pools before it searches them, so their best fit still sees it.
+  const bool cacheable = small ? reusable || order == FreeOrder::kDevice : reusable && (parks || taken_here);
   // (taken_here implies `own`: the taker is a cache, and only its thread finds it.)
   if (order == FreeOrder::kDevice && b->pool == PoolKind::kLarge && taken_here && options.thread_cache &&
       !t_caches_gone) {
@@ -514,7 +525,7 @@ CUDALLOC_NOINLINE Status Impl::free_block(DevicePtr ptr, FreeOrder order, Stream
     // life began.
     if (events.observed()) observed_free(b, stream, locality, call);
     if (reusable) {
-      const bool due = !park_reusable(*this, cache, b, sizes.round(b->requested)) && spill(cache, b);
+      const bool due = parks ? !park_reusable(*this, cache, b) && spill(cache, b) : spill_reusable(*this, cache, b);
       held.unlock();
       return due ? release_spill(cache) : Status::kOk;
     }
@@ -588,10 +599,7 @@ CUDALLOC_NOINLINE Status Impl::free_large_deferred(Block* b, ThreadCache& cache,
 
 // A block reusable at once whose bin had no room, under the cache's lock: it waits in the
 // spill. True when the spill is due to go to the allocator (release_spill, once unlocked).
-bool Impl::spill(ThreadCache& cache, Block* b) {
-  cache.spill().push_back(b);
-  return cache.spill_due();
-}
+bool Impl::spill(ThreadCache& cache, Block* b) { return cache.add_spill(b); }
 
 // Under the device lock: the calling thread's spilled blocks go back to the pools.
 void Impl::release_own_spill() {
@@ -604,7 +612,7 @@ void Impl::release_own_spill() {
 // Under the device lock and the cache's: its spilled blocks go back to the pools.
 void Impl::return_spill(ThreadCache& cache) {
   for (Block* b : cache.spill()) blocks.make_reusable(b);
-  cache.spill().clear();
+  cache.clear_spill();
 }
 
 // The thread's spilled blocks go back to the pools, under one device lock.
@@ -669,13 +677,10 @@ CUDALLOC_HOT Status DeviceAllocator::free(DevicePtr ptr, FreeOrder order, Stream
     const bool reusable = order == FreeOrder::kCompleted ||
                           (order == FreeOrder::kStream && stream == b->stream && b->stream_uses.empty());
     if (reusable && (small || parks_large(b, true))) {
-      const std::size_t key = m.sizes.round_plain(b->requested);
-      if (key != 0) [[likely]] {
-        if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
-        const bool due = !park_reusable(m, cache, b, key) && m.spill(cache, b);
-        cache.lock.unlock();
-        return due ? m.release_spill(cache) : Status::kOk;
-      }
+      if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
+      const bool due = !park_reusable(m, cache, b) && m.spill(cache, b);
+      cache.lock.unlock();
+      return due ? m.release_spill(cache) : Status::kOk;
     } else if (order == FreeOrder::kDevice && small && cache.defer_in_place(b)) {
       if (m.events.observed()) [[unlikely]] m.observed_free(b, stream, Locality::kLocal, call_kind(async));
       count_deferred(m, cache, b);

@@ -1,0 +1,84 @@
+// A thread's cache of free blocks (allocator/thread_cache.h), through the device allocator on a
+// simulated device: which blocks its bins hand out without the device lock, and what they hold.
+#include <vector>
+
+#include "allocator/thread_cache.h"
+#include "tests/unit/sim_fixture.h"
+
+using namespace cudalloc;
+using cudalloc::testing::Fixture;
+
+namespace {
+
+constexpr StreamHandle kStreamA = 0x10;
+
+Status release(Fixture& f, DevicePtr p) { return f.alloc.free(p, FreeOrder::kStream, kStreamA, true); }
+
+}  // namespace
+
+TEST_CASE("a cached block serves a smaller request of nearby size without the device lock") {
+  Fixture f;
+  const DevicePtr a = f.get(64 * 1024, kStreamA);
+  REQUIRE(release(f, a) == Status::kOk);
+  const auto locked = f.stat("num_locked_allocs");
+  CHECK(f.get(60 * 1024, kStreamA) == a);
+  CHECK(f.stat("num_locked_allocs") == locked);
+  // The program holds the whole block; it asked for less.
+  CHECK(f.stat("allocated_bytes.all.current") == 64 * 1024);
+  CHECK(f.stat("requested_bytes.all.current") == 60 * 1024);
+}
+
+TEST_CASE("a request takes a cached block of its exact size before a larger one of its class") {
+  Fixture f;
+  // 96 KiB and 100 KiB share a class; the larger one is the newest in the bin.
+  const DevicePtr exact = f.get(96 * 1024, kStreamA);
+  const DevicePtr larger = f.get(100 * 1024, kStreamA);
+  REQUIRE(release(f, exact) == Status::kOk);
+  REQUIRE(release(f, larger) == Status::kOk);
+  CHECK(f.get(96 * 1024, kStreamA) == exact);
+  CHECK(f.get(96 * 1024, kStreamA) == larger);  // then the larger one, within the slack
+}
+
+TEST_CASE("a cached block more than half again the request's size is left for its own size") {
+  Fixture f;
+  const DevicePtr big = f.get(256 * 1024, kStreamA);
+  REQUIRE(release(f, big) == Status::kOk);
+  const auto locked = f.stat("num_locked_allocs");
+  const DevicePtr small = f.get(128 * 1024, kStreamA);
+  CHECK(small != big);
+  CHECK(f.stat("num_locked_allocs") == locked + 1);
+  CHECK(f.get(256 * 1024, kStreamA) == big);
+}
+
+TEST_CASE("a large split block freed in stream order reaches the pool at the next locked allocation") {
+  Fixture f;
+  // Two blocks split from one 20 MiB segment: the bins park neither (only whole segments).
+  const DevicePtr a = f.get(3 * kMiB, kStreamA);
+  const DevicePtr b = f.get(3 * kMiB, kStreamA);
+  const auto segments = f.stat("num_device_alloc");
+  const auto locked_frees = f.stat("num_locked_frees");
+  REQUIRE(release(f, a) == Status::kOk);
+  CHECK(f.stat("num_locked_frees") == locked_frees);  // it waits in the thread's spill
+  CHECK(f.stat("allocated_bytes.all.current") == static_cast<std::int64_t>(3 * kMiB));
+  // The next large allocation takes the lock, returns the spill first, and its best fit finds it.
+  CHECK(f.get(3 * kMiB, kStreamA) == a);
+  CHECK(f.stat("num_device_alloc") == segments);
+  REQUIRE(release(f, b) == Status::kOk);
+}
+
+TEST_CASE("a thread's bins hold at most kSmallBytes of small blocks") {
+  Fixture f;
+  std::vector<DevicePtr> blocks;
+  const std::size_t n = ThreadCache::kSmallBytes / kSmallSize + 8;
+  for (std::size_t i = 0; i < n; ++i) blocks.push_back(f.get(kSmallSize, kStreamA));
+  for (DevicePtr p : blocks) REQUIRE(release(f, p) == Status::kOk);
+  CHECK(f.stat("thread_cache_bytes.max_thread") <=
+        static_cast<std::int64_t>(ThreadCache::kSmallBytes + ThreadCache::kSpillBytes));
+  CHECK(f.stat("allocated_bytes.all.current") == 0);
+  // Every block comes back, from the bins or the pools, and no new memory is cut for them.
+  const auto segments = f.stat("num_device_alloc");
+  std::vector<DevicePtr> again;
+  for (std::size_t i = 0; i < n; ++i) again.push_back(f.get(kSmallSize, kStreamA));
+  CHECK(f.stat("num_device_alloc") == segments);
+  for (DevicePtr p : again) REQUIRE(release(f, p) == Status::kOk);
+}

@@ -288,32 +288,39 @@ def main():
             fails(f"--section without markers: exit {p.returncode}, stderr {p.stderr!r}")
 
         # The short-lived tables come from micro.short: a loop row per (size, pairs) with each
-        # path's mean, the mix per path, the threads' better round per path; a path that was not
-        # run reads "not measured", and a results file without them gets no such table.
+        # path's mean, cudalloc's and the floor's (rows without "lib" are cudalloc's), the mix per
+        # path, the threads' better round per path and library; a cell that was not run reads
+        # "not measured", and a results file without them gets no such table.
         res = results()
         sizes = [512, 2048]
         loops = [{"kind": "short", "size": float(sz), "pairs": 200.0, "path": path, "mean_ns": float(sz // 8 + k),
                   "runs": 3.0} for sz in sizes for k, path in enumerate(("cudaMalloc", "pool"))]
+        floor_loop = {"kind": "short", "size": 512.0, "pairs": 200.0, "path": "cudaMalloc", "mean_ns": 61.0,
+                      "runs": 3.0, "lib": "floor"}
         mix = [{"kind": "mix", "live": 1000.0, "async": float(a), "pool": float(p), "median_ns": 300.0 + a + p,
                 "mean_ns": 400.0 + a + p} for a, p in ((0, 0), (1, 0), (1, 1))]
         mix[0].pop("pool")  # as bench_pairs prints it: pool=1 only on the pool's line
         threads = [{"kind": "short_threads", "threads": 8.0, "path": path, "round": float(r),
                     "pairs_per_s": 1000.0 * (r + 1) + k} for r in (0, 1) for k, path in enumerate(("cudaMalloc", "pool"))]
-        res["micro"]["short"] = {"loops": loops, "mix": mix, "threads": threads}
+        floor_threads = [{"kind": "short_threads", "threads": 8.0, "path": "cudaMalloc", "round": float(r),
+                          "pairs_per_s": 5000.0 + r, "lib": "floor"} for r in (0, 1)]
+        res["micro"]["short"] = {"loops": loops + [floor_loop], "mix": mix, "threads": threads + floor_threads}
         md = report_lines(res, src, out, "short tables")
         bench_mod = {"__file__": BENCH, "__name__": "bench"}
         exec(compile(open(BENCH).read().split("\ndef main():")[0], BENCH, "exec"), bench_mod)
         fmt_ns = bench_mod["fmt_ns"]
         for sz in sizes:
             by_path = {r["path"]: r["mean_ns"] for r in loops if r["size"] == sz}
-            want = f"| {sz} B | 200 | {fmt_ns(by_path['cudaMalloc'])} | {NOT_MEASURED} | {fmt_ns(by_path['pool'])} |"
+            floor = fmt_ns(floor_loop["mean_ns"]) if sz == 512 else NOT_MEASURED
+            want = (f"| {sz} B | 200 | {fmt_ns(by_path['cudaMalloc'])} | {floor} | {NOT_MEASURED} | {NOT_MEASURED} "
+                    f"| {fmt_ns(by_path['pool'])} |")
             if want not in md:
                 fails(f"short loop row {want!r} not in {md}")
         want = "| 1,000 | " + " | ".join(f"{fmt_ns(r['mean_ns'])} / {fmt_ns(r['median_ns'])}" for r in mix) + " |"
         if want not in md:
             fails(f"short mix row {want!r} not in {md}")
         best = {path: max(r["pairs_per_s"] for r in threads if r["path"] == path) for path in ("cudaMalloc", "pool")}
-        want = f"| 8 | {best['cudaMalloc']:,.0f} | {best['pool']:,.0f} |"
+        want = f"| 8 | {best['cudaMalloc']:,.0f} | {5001:,.0f} | {best['pool']:,.0f} |"
         if want not in md:
             fails(f"short threads row {want!r} not in {md}")
         if any(l.startswith("## Short loops") for l in report_lines(results(), src, out, "no short tables")):

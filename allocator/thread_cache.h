@@ -90,19 +90,20 @@ class ThreadCache {
   // if one is near the top of the bin, else the first that fits within bin_classes::slack; or
   // else one of the next kReach classes within that slack, the nearest first. Past kSmallSize
   // the block is from the large pool.
-  Block* pop(StreamHandle stream, std::size_t size) {
+  CUDALLOC_INLINE Block* pop(StreamHandle stream, std::size_t size) {
     Shelf* shelf = shelf_of(stream);
     if (shelf == nullptr) return nullptr;
     const PoolKind pool = SizeClasses::pool_for(size);
     const std::size_t c = bin_classes::of(size, pool);
-    const std::size_t limit = size + bin_classes::slack(size);
-    Block* b = take_fit(shelf->bins[c], size, limit);
-    for (std::size_t n = c, i = 0; b == nullptr && i < bin_classes::kReach; ++i) {
-      n = bin_classes::next(n);
-      if (n == bin_classes::kClasses) return nullptr;
-      if (shelf->bins[n].head != nullptr) b = take_fit(shelf->bins[n], size, limit);
+    Bin& bin = shelf->bins[c];
+    Block* b = bin.head;
+    if (b != nullptr && b->size == size) [[likely]] {  // a loop of one size: its own block on top
+      bin.head = b->cached_next;
+      --bin.count;
+    } else {
+      b = pop_near(*shelf, c, size);
+      if (b == nullptr) return nullptr;
     }
-    if (b == nullptr) return nullptr;
     --shelf->count;
     (pool == PoolKind::kSmall ? small_bytes_ : large_bytes_) -= b->size;
     return b;
@@ -110,7 +111,7 @@ class ThreadCache {
 
   // False when the block's bin is full, its pool's bytes bound is reached, or every shelf holds
   // another stream's blocks.
-  bool push(Block* block) {
+  CUDALLOC_INLINE bool push(Block* block) {
     Shelf* shelf = shelf_for(block->stream);
     if (shelf == nullptr) return false;
     const bool small = block->pool == PoolKind::kSmall;
@@ -309,6 +310,26 @@ class ThreadCache {
     return spill_due();
   }
   bool spill_due() const { return spill_.size() >= kSpillBatch || spill_bytes_ >= kSpillBytes; }
+  // The spilled block of `stream` and of the pool of the rounded request `size` that fits it
+  // most closely within bin_classes::slack, taken out of the spill; null if none.
+  Block* take_spill(StreamHandle stream, std::size_t size) {
+    const PoolKind pool = SizeClasses::pool_for(size);
+    const std::size_t limit = size + bin_classes::slack(size);
+    std::size_t best = spill_.size();
+    for (std::size_t i = 0; i < spill_.size(); ++i) {
+      const Block* b = spill_[i];
+      if (b->stream == stream && b->pool == pool && b->size >= size && b->size <= limit &&
+          (best == spill_.size() || b->size < spill_[best]->size)) {
+        best = i;
+      }
+    }
+    if (best == spill_.size()) return nullptr;
+    Block* b = spill_[best];
+    spill_[best] = spill_.back();
+    spill_.pop_back();
+    spill_bytes_ -= b->size;
+    return b;
+  }
   void clear_spill() {
     spill_.clear();
     spill_bytes_ = 0;
@@ -400,6 +421,17 @@ class ThreadCache {
     }
     return nullptr;
   }
+  // pop() past the top of its class's bin.
+  static Block* pop_near(Shelf& shelf, std::size_t c, std::size_t size) {
+    const std::size_t limit = size + bin_classes::slack(size);
+    Block* b = take_fit(shelf.bins[c], size, limit);
+    for (std::size_t n = c, i = 0; b == nullptr && i < bin_classes::kReach; ++i) {
+      n = bin_classes::next(n);
+      if (n == bin_classes::kClasses) return nullptr;
+      if (shelf.bins[n].head != nullptr) b = take_fit(shelf.bins[n], size, limit);
+    }
+    return b;
+  }
   static void link(Shelf& shelf, Bin& bin, Block* b) {
     b->cached_next = bin.head;
     b->state = BlockState::kCached;
@@ -423,7 +455,6 @@ class ThreadCache {
     if (fit == nullptr) return nullptr;
     Block* b = *fit;
     *fit = b->cached_next;
-    b->cached_next = nullptr;
     --bin.count;
     return b;
   }
@@ -434,7 +465,6 @@ class ThreadCache {
         Bin& bin = shelf.bins[c];
         while (Block* b = bin.head) {
           bin.head = b->cached_next;
-          b->cached_next = nullptr;
           --shelf.count;
           f(b);
         }

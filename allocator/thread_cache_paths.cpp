@@ -359,6 +359,9 @@ CUDALLOC_NOINLINE Status Impl::allocate_missed(std::size_t bytes, StreamHandle s
   {
     std::lock_guard lock(cache.lock);
     b = cache.pop(stream, rounded);
+    // A block the thread freed moments ago that its bins did not take (a split large one, or a
+    // bin was full) still serves it without the device lock.
+    if (b == nullptr) b = cache.take_spill(stream, rounded);
     // A small miss: rather than wait while another thread records the fence of its next batch,
     // the thread takes one block from the pools and keeps its cache (a bridge): its pipeline
     // grows by that block, so its batches are needed later, when their fences have had time.

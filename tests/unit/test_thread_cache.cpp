@@ -82,3 +82,18 @@ TEST_CASE("a thread's bins hold at most kSmallBytes of small blocks") {
   CHECK(f.stat("num_device_alloc") == segments);
   for (DevicePtr p : again) REQUIRE(release(f, p) == Status::kOk);
 }
+
+TEST_CASE("a request near a block in the thread's spill takes it without the device lock") {
+  Fixture f;
+  const DevicePtr a = f.get(3 * kMiB, kStreamA);
+  const DevicePtr b = f.get(3 * kMiB, kStreamA);
+  REQUIRE(release(f, a) == Status::kOk);  // split from a segment: spilled, not parked
+  const auto locked = f.stat("num_locked_allocs");
+  CHECK(f.get(3 * kMiB - 256 * 1024, kStreamA) == a);
+  CHECK(f.stat("num_locked_allocs") == locked);
+  // A spilled block more than the slack past the request waits for the pools: the request takes
+  // the device lock, which returns the spill before the pools' best fit.
+  REQUIRE(release(f, b) == Status::kOk);
+  (void)f.get(3 * kMiB / 2, kStreamA);
+  CHECK(f.stat("num_locked_allocs") == locked + 1);
+}

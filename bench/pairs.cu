@@ -35,7 +35,8 @@
 // cudaMalloc pairs of --size bytes (default 64 KiB), then exiting, and the same with the
 // driver's pool on each thread's stream: pairs per second over the whole run, thread starts
 // and stream creations included.
-// --mix LIVE --vs-pool runs the mix on both of cudalloc's paths and on the driver's pool.
+// --mix LIVE --vs-pool runs the mix on both of cudalloc's paths, on the driver's pool, and with
+// no allocator at all (harness=1: the random draws and the clock the others' figures include).
 // --threads-seq N runs N threads, each pinned to a vCPU of its own (one per physical core where
 // the topology says which vCPUs share one), one at a time and then all at once, alternating for R
 // rounds, and gives both rates and their ratio: thread scaling on the same vCPUs. With --private
@@ -126,13 +127,23 @@ static void* pool_alloc(size_t n, cudaStream_t s) {
   return p;
 }
 
-// Which allocator a short loop, mix or short-lived thread runs on.
-enum class Path { kMalloc, kAsync, kPool };
-static const char* path_name(Path p) { return p == Path::kMalloc ? "cudaMalloc" : p == Path::kAsync ? "async" : "pool"; }
+// Which allocator a short loop, mix or short-lived thread runs on. kNone calls no allocator:
+// a mix on it times the harness alone (its random draws and its clock).
+enum class Path { kMalloc, kAsync, kPool, kNone };
+static const char* path_name(Path p) {
+  return p == Path::kMalloc ? "cudaMalloc" : p == Path::kAsync ? "async" : p == Path::kPool ? "pool" : "none";
+}
 static void* path_alloc(Path p, size_t n, cudaStream_t s) {
+  if (p == Path::kNone) {
+    static volatile uintptr_t next = 0;  // a distinct pointer each time, as an allocator's
+    next = next + 512;
+    return reinterpret_cast<void*>(next);
+  }
   return p == Path::kPool ? pool_alloc(n, s) : alloc(n, p == Path::kAsync, s);
 }
-static void path_release(Path p, void* ptr, cudaStream_t s) { release(ptr, p != Path::kMalloc, s); }
+static void path_release(Path p, void* ptr, cudaStream_t s) {
+  if (p != Path::kNone) release(ptr, p != Path::kMalloc, s);
+}
 
 // A fixed piece of CPU work with no CUDA in it, timed around each --repeat timing: four
 // independent xorshift chains updating a 16 KiB table, so that it is bound by the core's
@@ -215,7 +226,8 @@ static void mix(size_t max_live, bool async, int ops, Path path) {
   double sum = 0;
   for (double v : ns) sum += v;
   std::printf("mix live=%zu async=%d%s median_ns=%.0f p99_ns=%.0f mean_ns=%.0f\n", max_live, async,
-              path == Path::kPool ? " pool=1" : "", ns[ops / 2], ns[static_cast<size_t>(ops * 0.99)], sum / ops);
+              path == Path::kPool ? " pool=1" : path == Path::kNone ? " harness=1" : "", ns[ops / 2],
+              ns[static_cast<size_t>(ops * 0.99)], sum / ops);
   for (void* p : live) path_release(path, p, s);
   if (s) cudaStreamDestroy(s);
 }
@@ -670,7 +682,7 @@ int main(int argc, char** argv) {
     std::printf("threads=%d size=%zu async=%d pairs_per_s=%.0f\n", nthreads, thread_size, async,
                 threads(nthreads, thread_size, async, iters, streams));
   } else if (live > 0 && against_pool) {
-    for (Path p : {Path::kMalloc, Path::kAsync, Path::kPool}) mix(live, p != Path::kMalloc, iters, p);
+    for (Path p : {Path::kMalloc, Path::kAsync, Path::kPool, Path::kNone}) mix(live, p == Path::kAsync || p == Path::kPool, iters, p);
   } else if (live > 0) {
     mix(live, async, iters, async ? Path::kAsync : Path::kMalloc);
   } else {

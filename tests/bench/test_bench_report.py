@@ -300,6 +300,8 @@ def main():
         mix = [{"kind": "mix", "live": 1000.0, "async": float(a), "pool": float(p), "median_ns": 300.0 + a + p,
                 "mean_ns": 400.0 + a + p} for a, p in ((0, 0), (1, 0), (1, 1))]
         mix[0].pop("pool")  # as bench_pairs prints it: pool=1 only on the pool's line
+        mix.append({"kind": "mix", "live": 1000.0, "async": 0.0, "harness": 1.0, "median_ns": 40.0,
+                    "mean_ns": 45.0})  # the harness alone: the last column
         threads = [{"kind": "short_threads", "threads": 8.0, "path": path, "round": float(r),
                     "pairs_per_s": 1000.0 * (r + 1) + k} for r in (0, 1) for k, path in enumerate(("cudaMalloc", "pool"))]
         floor_threads = [{"kind": "short_threads", "threads": 8.0, "path": "cudaMalloc", "round": float(r),

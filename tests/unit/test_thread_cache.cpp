@@ -97,3 +97,23 @@ TEST_CASE("a request near a block in the thread's spill takes it without the dev
   (void)f.get(3 * kMiB / 2, kStreamA);
   CHECK(f.stat("num_locked_allocs") == locked + 1);
 }
+
+TEST_CASE("a thread's bins hold four streams' blocks at once; a fifth stream's wait in its spill") {
+  Fixture f;
+  constexpr StreamHandle kStreams[] = {0x10, 0x20, 0x30, 0x40, 0x50};
+  std::vector<DevicePtr> blocks;
+  for (StreamHandle s : kStreams) blocks.push_back(f.get(4096, s));
+  const auto locked_allocs = f.stat("num_locked_allocs");
+  const auto locked_frees = f.stat("num_locked_frees");
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    REQUIRE(f.alloc.free(blocks[i], FreeOrder::kStream, kStreams[i], true) == Status::kOk);
+  }
+  CHECK(f.stat("num_locked_frees") == locked_frees);
+  // Each comes back to its own stream without the device lock: four from the bins, the fifth
+  // from the spill.
+  for (std::size_t i = blocks.size(); i-- > 0;) CHECK(f.get(4096, kStreams[i]) == blocks[i]);
+  CHECK(f.stat("num_locked_allocs") == locked_allocs);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    REQUIRE(f.alloc.free(blocks[i], FreeOrder::kStream, kStreams[i], true) == Status::kOk);
+  }
+}

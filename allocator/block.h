@@ -33,6 +33,9 @@ class RelaxedCell {
   RelaxedCell& operator=(T v) { v_.store(v, std::memory_order_relaxed); return *this; }
   operator T() const { return load(); }
   T load() const { return v_.load(std::memory_order_relaxed); }
+  // A store that publishes the plain writes before it to a load_acquire() that sees it.
+  void store_release(T v) { v_.store(v, std::memory_order_release); }
+  T load_acquire() const { return v_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<T> v_;

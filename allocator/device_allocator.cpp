@@ -74,7 +74,8 @@ std::optional<AllocationInfo> DeviceAllocator::find(DevicePtr ptr) const {
   const Segment* s = impl_->segments.containing(ptr);
   if (s == nullptr) return std::nullopt;
   Block* b = SegmentTable::block_containing(*s, ptr);
-  if (b == nullptr || b->state != BlockState::kAllocated) return std::nullopt;
+  // Acquired: a hand-out on a thread's hot path (count_hit) sets the state last.
+  if (b == nullptr || b->state.load_acquire() != BlockState::kAllocated) return std::nullopt;
   // The lock orders this with every other query; the hot path, which clears the flag, hands
   // out only blocks that are not allocated.
   if (!b->has_buffer_id) {

@@ -302,10 +302,12 @@ namespace {
 // The block leaves this thread's bins for the program, as a new hand-out with no buffer id yet
 // (find() takes one when asked); statistics. Under the cache's lock.
 CUDALLOC_INLINE void count_hit(Impl& m, ThreadCache& cache, Block* b, std::size_t bytes) {
-  b->state = BlockState::kAllocated;
   b->taker = &cache;
   b->requested = bytes;
   b->has_buffer_id = false;
+  // Last, released: a query under the device lock that finds the block allocated (find) reads
+  // the fields above as this hand-out wrote them.
+  b->state.store_release(BlockState::kAllocated);
   cache.hit_delta().alloc(b, m.sizes.is_oversize(b->size));
 }
 

@@ -48,7 +48,7 @@ class ThreadCache {
   // first that fits: sizes that repeat keep their own blocks.
   static constexpr std::size_t kScan = 4;
   // At most this much small memory in a thread's bins.
-  static constexpr std::size_t kSmallBytes = 1024 * kMiB;
+  static constexpr std::size_t kSmallBytes = 64 * kMiB;
   // Deferred frees are fenced in batches of at most this many blocks (or bytes), so the cost of
   // a device fence (events on the legacy stream and on each busy one, then a query: microseconds
   // of driver calls) is shared. A thread that allocates and frees in a loop has one batch

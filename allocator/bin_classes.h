@@ -1,9 +1,10 @@
 // The classes of a thread cache's bins: which bin a cached block waits in, and which bins a
 // request looks in. Below 4 KiB a class is one 512-byte size; from it, eight classes split each
 // power of two, so a class spans at most an eighth of its smallest size. A block waits in the
-// class of its size; a request takes a block of its own class that is large enough, or the
-// smallest of the next class, so that a program whose sizes vary (a random mix, shapes that
-// change step to step) finds blocks of nearby sizes where bins of exact sizes always missed.
+// class of its size; a request takes a block of its own class that is large enough, or one of
+// the next kReach classes within slack(), so that a program whose sizes vary (a random mix,
+// shapes that change step to step) finds blocks of nearby sizes where bins of exact sizes
+// always missed.
 // Small- and large-pool blocks have classes of their own: a bin never mixes the pools.
 #pragma once
 

@@ -61,4 +61,7 @@ constexpr std::size_t slack(std::size_t rounded) {
   return most < kSmallSize ? most : kSmallSize;
 }
 
+// The largest block that may serve the rounded request.
+constexpr std::size_t largest_for(std::size_t rounded) { return rounded + slack(rounded); }
+
 }  // namespace cudalloc::bin_classes

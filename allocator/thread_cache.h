@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "allocator/bin_classes.h"
@@ -105,7 +106,7 @@ class ThreadCache {
       if (b == nullptr) return nullptr;
     }
     --shelf->count;
-    (pool == PoolKind::kSmall ? small_bytes_ : large_bytes_) -= b->size;
+    bytes_of(pool) -= b->size;
     return b;
   }
 
@@ -114,11 +115,10 @@ class ThreadCache {
   CUDALLOC_INLINE bool push(Block* block) {
     Shelf* shelf = shelf_for(block->stream);
     if (shelf == nullptr) return false;
-    const bool small = block->pool == PoolKind::kSmall;
-    std::size_t& bytes = small ? small_bytes_ : large_bytes_;
-    if (bytes + block->size > (small ? kSmallBytes : kLargeBytes)) return false;
+    std::size_t& bytes = bytes_of(block->pool);
+    if (bytes + block->size > bytes_bound(block->pool)) return false;
     Bin& bin = shelf->bins[bin_classes::of(block->size, block->pool)];
-    if (bin.count == (small ? kDepth : kLargeDepth)) return false;
+    if (bin.count == depth(block->pool)) return false;
     link(*shelf, bin, block);
     bytes += block->size;
     return true;
@@ -154,13 +154,9 @@ class ThreadCache {
   // Whether the bin of the rounded request `size` on `stream` has no room.
   bool full(StreamHandle stream, std::size_t size) const {
     const PoolKind pool = SizeClasses::pool_for(size);
-    if ((pool == PoolKind::kSmall ? small_bytes_ + size > kSmallBytes : large_bytes_ + size > kLargeBytes)) return true;
-    for (const Shelf& shelf : shelves_) {
-      if (shelf.count != 0 && shelf.stream == stream) {
-        return shelf.bins[bin_classes::of(size, pool)].count == (pool == PoolKind::kSmall ? kDepth : kLargeDepth);
-      }
-    }
-    return false;
+    if (bytes_of(pool) + size > bytes_bound(pool)) return true;
+    const Shelf* shelf = shelf_of(stream);
+    return shelf != nullptr && shelf->bins[bin_classes::of(size, pool)].count == depth(pool);
   }
 
   template <typename F>
@@ -314,7 +310,7 @@ class ThreadCache {
   // most closely within bin_classes::slack, taken out of the spill; null if none.
   Block* take_spill(StreamHandle stream, std::size_t size) {
     const PoolKind pool = SizeClasses::pool_for(size);
-    const std::size_t limit = size + bin_classes::slack(size);
+    const std::size_t limit = bin_classes::largest_for(size);
     std::size_t best = spill_.size();
     for (std::size_t i = 0; i < spill_.size(); ++i) {
       const Block* b = spill_[i];
@@ -405,12 +401,18 @@ class ThreadCache {
     std::size_t count = 0;  // blocks in all its bins; an empty shelf may take another stream
     std::array<Bin, bin_classes::kClasses> bins{};
   };
-  Shelf* shelf_of(StreamHandle stream) {
-    for (Shelf& shelf : shelves_) {
+  const Shelf* shelf_of(StreamHandle stream) const {
+    for (const Shelf& shelf : shelves_) {
       if (shelf.stream == stream && shelf.count != 0) return &shelf;
     }
     return nullptr;
   }
+  Shelf* shelf_of(StreamHandle stream) { return const_cast<Shelf*>(std::as_const(*this).shelf_of(stream)); }
+  // Per pool: what its bins hold, in bytes; the most they may hold; the most blocks of a class.
+  std::size_t& bytes_of(PoolKind pool) { return pool == PoolKind::kSmall ? small_bytes_ : large_bytes_; }
+  std::size_t bytes_of(PoolKind pool) const { return pool == PoolKind::kSmall ? small_bytes_ : large_bytes_; }
+  static constexpr std::size_t bytes_bound(PoolKind pool) { return pool == PoolKind::kSmall ? kSmallBytes : kLargeBytes; }
+  static constexpr std::size_t depth(PoolKind pool) { return pool == PoolKind::kSmall ? kDepth : kLargeDepth; }
   Shelf* shelf_for(StreamHandle stream) {
     if (Shelf* shelf = shelf_of(stream)) return shelf;
     for (Shelf& shelf : shelves_) {
@@ -423,7 +425,7 @@ class ThreadCache {
   }
   // pop() past the top of its class's bin.
   static Block* pop_near(Shelf& shelf, std::size_t c, std::size_t size) {
-    const std::size_t limit = size + bin_classes::slack(size);
+    const std::size_t limit = bin_classes::largest_for(size);
     Block* b = take_fit(shelf.bins[c], size, limit);
     for (std::size_t n = c, i = 0; b == nullptr && i < bin_classes::kReach; ++i) {
       n = bin_classes::next(n);

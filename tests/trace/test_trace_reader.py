@@ -416,9 +416,14 @@ class Recorded(unittest.TestCase):
         path, truth = Sample.get()
         with open(path, "rb") as f:
             raw = f.read()
-        # Cut inside a data record, as a kill in the middle of write(2) would.
-        cut = raw[:len(raw) // 2]
-        cut = cut[:cut.rfind(b"\n") + 5]
+        # Cut inside a data record, as a kill in the middle of write(2) would: a few bytes
+        # into the first record line that starts past the middle.
+        start = raw.index(b"\n", len(raw) // 2) + 1
+        while raw[start:start + 1] == b"#":
+            start = raw.index(b"\n", start) + 1
+        line_end = raw.index(b"\n", start)
+        self.assertGreater(line_end - start, 5)
+        cut = raw[:start + 5]
         p = os.path.join(TMP, "cut.csv")
         with open(p, "wb") as f:
             f.write(cut)

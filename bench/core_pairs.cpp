@@ -7,8 +7,8 @@
 //   records stamped with the TSC or, with --trace-monotonic, clock_gettime; with --separate each
 //   thread has an allocator (and simulated device) of its own, so that what the threads' sharing
 //   of one allocator costs shows as the difference (lines "name=..._separate")
-//   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (sizes 512 B to 8 MiB,
-//   log-uniform, at most LIVE live blocks), both free orders: median and p99 ns per operation
+//   core_pairs --mix LIVE [--iters N] [--only device|stream]: the random mix of bench/pairs.cu (random_mix.h: sizes
+//   512 B to 8 MiB, log-uniform, held near LIVE live blocks), both free orders: median and p99 ns per operation
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +23,7 @@
 #include "allocator/device_allocator.h"
 #include "allocator/sim_backend.h"
 #include "allocator/spin_lock.h"
+#include "bench/random_mix.h"
 #include "trace/trace_writer.h"
 
 using namespace cudalloc;
@@ -104,33 +105,24 @@ static void mix(std::size_t max_live, FreeOrder order, int ops) {
   SimBackend sim({.total_memory = std::size_t{1} << 40, .host_memory = false});
   DeviceAllocator a(sim, AllocatorOptions{});
   const StreamHandle stream = order == FreeOrder::kStream ? 0x100 : kNoStream;
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
-  std::vector<DevicePtr> live;
-  live.reserve(max_live);
-  auto step = [&] {
-    if (live.size() < max_live && (live.empty() || rng() % 2)) {
-      DevicePtr p = 0;
-      if (a.allocate(static_cast<std::size_t>(std::exp(logsize(rng))), stream, &p) != Status::kOk) std::abort();
-      live.push_back(p);
-    } else {
-      std::size_t i = rng() % live.size();
-      a.free(live[i], order, stream);
-      live[i] = live.back();
-      live.pop_back();
-    }
+  bench::RandomMix<DevicePtr> mix(max_live);
+  auto take = [&](std::size_t n) {
+    DevicePtr p = 0;
+    if (a.allocate(n, stream, &p) != Status::kOk) std::abort();
+    return p;
   };
-  for (std::size_t i = 0; i < 2 * max_live; ++i) step();  // fill
+  auto give = [&](DevicePtr p) { a.free(p, order, stream); };
+  mix.fill(take);
   std::vector<double> ns(static_cast<std::size_t>(ops));
   for (double& v : ns) {
     const auto t0 = Clock::now();
-    step();
+    mix.step(take, give);
     v = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   }
   std::sort(ns.begin(), ns.end());
   std::printf("core mix live=%zu async=%d median_ns=%.0f p99_ns=%.0f\n", max_live,
               order == FreeOrder::kStream ? 1 : 0, ns[ns.size() / 2], ns[ns.size() * 99 / 100]);
-  for (DevicePtr p : live) a.free(p, order, stream);
+  mix.drain(give);
 }
 
 int main(int argc, char** argv) {

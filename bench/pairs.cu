@@ -9,8 +9,8 @@
 //   pairs --host [--iters N] [--size BYTES]
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own cost is not counted as allocator time), or for --mix the median
-// per operation of a random mix with at most LIVE live blocks (sizes 512 B to 8 MiB,
-// log-uniform). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
+// per operation of a random mix held near LIVE live blocks (random_mix.h: sizes 512 B to
+// 8 MiB, log-uniform, filled to LIVE first). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
 // its own non-blocking stream and the line gives the total throughput in pairs per second;
 // --no-streams makes no stream (cudaMalloc pairs only): a context with the legacy stream alone,
 // as in a legacy code, whose device fences order reuse without waiting (driver/driver_backend.h).
@@ -61,6 +61,8 @@
 #include <sched.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "random_mix.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -201,25 +203,14 @@ static void pairs(size_t size, bool async, int iters, int repeats) {
 static void mix(size_t max_live, bool async, int ops, Path path) {
   cudaStream_t s = nullptr;
   if (path != Path::kMalloc) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
-  std::vector<void*> live;
-  live.reserve(max_live);
-  auto step = [&] {
-    if (live.size() < max_live && (live.empty() || rng() % 2)) {
-      live.push_back(path_alloc(path, static_cast<size_t>(std::exp(logsize(rng))), s));
-    } else {
-      size_t i = rng() % live.size();
-      path_release(path, live[i], s);
-      live[i] = live.back();
-      live.pop_back();
-    }
-  };
-  for (size_t i = 0; i < 2 * max_live; ++i) step();  // fill
+  bench::RandomMix<void*> mix(max_live);
+  auto take = [&](size_t n) { return path_alloc(path, n, s); };
+  auto give = [&](void* p) { path_release(path, p, s); };
+  mix.fill(take);
   std::vector<double> ns(ops);
   for (int i = 0; i < ops; ++i) {
     auto t0 = Clock::now();
-    step();
+    mix.step(take, give);
     ns[i] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   }
   std::sort(ns.begin(), ns.end());
@@ -228,7 +219,7 @@ static void mix(size_t max_live, bool async, int ops, Path path) {
   std::printf("mix live=%zu async=%d%s median_ns=%.0f p99_ns=%.0f mean_ns=%.0f\n", max_live, async,
               path == Path::kPool ? " pool=1" : path == Path::kNone ? " harness=1" : "", ns[ops / 2],
               ns[static_cast<size_t>(ops * 0.99)], sum / ops);
-  for (void* p : live) path_release(path, p, s);
+  mix.drain(give);
   if (s) cudaStreamDestroy(s);
 }
 

@@ -13,7 +13,7 @@
 //       the runs of pairs whose allocation took the device lock.
 //   sweep --pairs P [--async]: the pairs mode at 512 B, 2 KiB, ... 1 GiB (powers of 4), one
 //       after the other in this process, each counted apart.
-//   mix --live L --ops O [--async]: a random mix (512 B to 8 MiB, log-uniform, at most L live).
+//   mix --live L --ops O [--async]: a random mix (random_mix.h: 512 B to 8 MiB, log-uniform, held near L live).
 //   threads --threads T --pairs P [--size N]: T threads started together, each making a
 //       non-blocking stream and P cudaMalloc pairs, then exiting.
 #include <dlfcn.h>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "client.h"
+#include "random_mix.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -206,33 +207,23 @@ void pairs_of(const Args& a, size_t size, CUstream s) {
 
 void mix(const Args& a) {
   CUstream s = a.async ? make_stream("nonblocking") : make_stream(a.stream);
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
-  std::vector<CUdeviceptr> live;
-  auto step = [&] {
-    if (static_cast<long>(live.size()) < a.live && (live.empty() || rng() % 2)) {
-      live.push_back(one_alloc(static_cast<size_t>(std::exp(logsize(rng))), a.async, s));
-    } else {
-      const size_t i = rng() % live.size();
-      one_free(live[i], a.async, s);
-      live[i] = live.back();
-      live.pop_back();
-    }
-  };
+  bench::RandomMix<CUdeviceptr> mix(static_cast<size_t>(a.live));
+  auto take = [&](size_t n) { return one_alloc(n, a.async, s); };
+  auto give = [&](CUdeviceptr p) { one_free(p, a.async, s); };
   char head[128];
   Counts k0 = now();
   auto t0 = Clock::now();
-  for (long i = 0; i < 2 * a.live; ++i) step();
+  mix.fill(take);
   double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   std::snprintf(head, sizeof head, "mix live=%ld async=%d phase=fill", a.live, a.async ? 1 : 0);
-  print(head, k0, now(), ns, 2 * a.live);  // "pairs" here counts operations
+  print(head, k0, now(), ns, a.live);  // "pairs" here counts operations
   k0 = now();
   t0 = Clock::now();
-  for (long i = 0; i < a.ops; ++i) step();
+  for (long i = 0; i < a.ops; ++i) mix.step(take, give);
   ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   std::snprintf(head, sizeof head, "mix live=%ld async=%d phase=ops", a.live, a.async ? 1 : 0);
   print(head, k0, now(), ns, a.ops);
-  for (CUdeviceptr p : live) one_free(p, a.async, s);
+  mix.drain(give);
 }
 
 void threads(const Args& a) {

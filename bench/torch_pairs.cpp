@@ -33,6 +33,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "random_mix.h"
+
 namespace alloc = c10::cuda::CUDACachingAllocator;
 using Clock = std::chrono::steady_clock;
 
@@ -73,25 +75,13 @@ static void pairs(size_t size, bool on_stream, int iters) {
 
 static void mix(size_t max_live, bool on_stream, int ops) {
   cudaStream_t s = pool_stream(on_stream);
-  std::mt19937_64 rng(42);  // the same sequence of sizes and choices as pairs.cu
-  std::uniform_real_distribution<double> logsize(std::log(512.0), std::log(8.0 * 1024 * 1024));
-  std::vector<void*> live;
-  live.reserve(max_live);
-  auto step = [&] {
-    if (live.size() < max_live && (live.empty() || rng() % 2)) {
-      live.push_back(take(static_cast<size_t>(std::exp(logsize(rng))), s));
-    } else {
-      size_t i = rng() % live.size();
-      give(live[i]);
-      live[i] = live.back();
-      live.pop_back();
-    }
-  };
-  for (size_t i = 0; i < 2 * max_live; ++i) step();  // fill
+  bench::RandomMix<void*> mix(max_live);  // the same sequence of sizes and choices as pairs.cu
+  auto alloc = [&](size_t n) { return take(n, s); };
+  mix.fill(alloc);
   std::vector<double> ns(ops);
   for (int i = 0; i < ops; ++i) {
     auto t0 = Clock::now();
-    step();
+    mix.step(alloc, give);
     ns[i] = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   }
   std::sort(ns.begin(), ns.end());

@@ -266,6 +266,56 @@ def main():
             if not any(l.startswith("| 100000 |") and "330 ns / 1320 ns" in l for l in md):
                 fails(f"mix rows with runs={runs}: no 100000 row with its figures")
 
+        # --mix-only runs the mix of each variant and the same-process mix, at each --mix-live
+        # count, and puts their rows in place of the mix rows of --out, keeping the rest of it.
+        fake = os.path.join(d, "fake-build")
+        os.makedirs(os.path.join(fake, "gpu"))
+        os.makedirs(os.path.join(fake, "bench"))
+        exe = os.path.join(fake, "gpu", "bench_pairs")
+        with open(exe, "w") as f:
+            f.write("#!/usr/bin/env python3\n"
+                    "import os, sys\n"
+                    "a = sys.argv[1:]\n"
+                    "live = a[a.index('--mix') + 1]\n"
+                    "ns = 100 + int(live) // 100 + (7 if '--async' in a else 0)"
+                    " + (1000 if 'LD_PRELOAD' not in os.environ else 0)\n"
+                    "paths = ['async=0', 'async=1', 'async=1 pool=1', 'async=0 harness=1'] if '--vs-pool' in a"
+                    " else ['async=%d' % ('--async' in a)]\n"
+                    "for p in paths:\n"
+                    "    print('mix live=%s %s median_ns=%d p99_ns=%d mean_ns=%d' % (live, p, ns, 4 * ns, 2 * ns))\n")
+        os.chmod(exe, 0o755)
+        with open(os.path.join(fake, "bench", "torch_pairs"), "w") as f:
+            f.write("#!/bin/sh\nexit 3\n")  # PyTorch's case fails: its rows read not measured
+        os.chmod(os.path.join(fake, "bench", "torch_pairs"), 0o755)
+        res = results()
+        res["micro"]["cudalloc"]["mix"] = [mix_row(100000, 999)]
+        with open(src, "w") as f:
+            json.dump(res, f)
+        env = dict(os.environ, LD_PRELOAD="")
+        env.pop("LD_PRELOAD")
+        p = subprocess.run([sys.executable, BENCH, "--build", fake, "--mix-only", "--mix-live", "1000,10000",
+                            "--out", src], capture_output=True, text=True, timeout=120, env=env)
+        if p.returncode != 0:
+            fails(f"--mix-only: exit {p.returncode}: {p.stderr[-600:]}")
+        got = json.load(open(src))
+        before = results()["micro"]
+        if got["micro"]["cudalloc"]["pairs"] != before["cudalloc"]["pairs"] or \
+                got["micro"]["cudalloc"]["threads"] != before["cudalloc"]["threads"]:
+            fails("--mix-only changed the pair or thread rows")
+        lives = sorted(int(r["live"]) for r in got["micro"]["cudalloc"]["mix"])
+        if lives != [1000, 10000] or "--mix-only" not in got["command"]:
+            fails(f"--mix-only: cudalloc's mix rows {got['micro']['cudalloc']['mix']}, command {got['command']!r}")
+        if [r["median_ns"] for r in got["micro"]["cudalloc async"]["mix"]] != [117.0, 207.0]:
+            fails(f"--mix-only: async rows {got['micro']['cudalloc async']['mix']}")
+        short = {(int(r["live"]), int(r.get("async", 0)), int(r.get("pool", 0)), int(r.get("harness", 0)))
+                 for r in got["micro"]["short"]["mix"]}
+        if short != {(l, a, p, h) for l in (1000, 10000) for a, p, h in ((0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1))}:
+            fails(f"--mix-only: same-process mix rows {sorted(short)}")
+        md = report_lines(got, src, out, "after --mix-only")
+        if not any(l.startswith("| 10,000-live mix within 20% of the 1,000-live mix per op (cudalloc) |")
+                   and "200 ns vs 110 ns" in l for l in md):
+            fails(f"--mix-only: no target row for the 10,000-live mix in {[l for l in md if 'live mix' in l]}")
+
         # --section: the tables go between the page's markers, one heading level down, without the
         # title; the rest of the page stays. A page without the markers is refused and left as it was.
         with open(src, "w") as f:

@@ -4,7 +4,8 @@ target row follow from the figures in the file, a size with no driver figure get
 made at several sizes is one target row judged on its worst size, a model run at a fixed batch gets
 rows of its own, a model whose rounds spread past the noise bound is shown but not judged, the
 thread-scaling rows come with the host's ceiling, the floor's rows give cudalloc's share and the
-bound on the 10x target, --section writes between its markers and keeps the rest of the page, and
+bound on the 10x target, --section writes between its markers and keeps the rest of the page, --mix-only replaces the
+mix rows alone, and
 a results file that cannot be read or a malformed --batch gives one line and a non-zero exit
 status."""
 import json
@@ -289,6 +290,7 @@ def main():
         os.chmod(os.path.join(fake, "bench", "torch_pairs"), 0o755)
         res = results()
         res["micro"]["cudalloc"]["mix"] = [mix_row(100000, 999)]
+        res["micro"]["PyTorch caching (C++)"] = {"pairs": [], "mix": [mix_row(1000, 999)], "threads": []}
         with open(src, "w") as f:
             json.dump(res, f)
         env = dict(os.environ, LD_PRELOAD="")
@@ -305,6 +307,8 @@ def main():
         lives = sorted(int(r["live"]) for r in got["micro"]["cudalloc"]["mix"])
         if lives != [1000, 10000] or "--mix-only" not in got["command"]:
             fails(f"--mix-only: cudalloc's mix rows {got['micro']['cudalloc']['mix']}, command {got['command']!r}")
+        if got["micro"]["PyTorch caching (C++)"]["mix"]:
+            fails("--mix-only kept the mix rows of a variant whose mix failed now")
         if [r["median_ns"] for r in got["micro"]["cudalloc async"]["mix"]] != [117.0, 207.0]:
             fails(f"--mix-only: async rows {got['micro']['cudalloc async']['mix']}")
         short = {(int(r["live"]), int(r.get("async", 0)), int(r.get("pool", 0)), int(r.get("harness", 0)))

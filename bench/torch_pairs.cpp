@@ -88,7 +88,7 @@ static void mix(size_t max_live, bool on_stream, int ops) {
   std::printf("mix live=%zu async=0 stream=%d median_ns=%.0f p99_ns=%.0f\n", max_live, on_stream ? 1 : 0,
               ns[ops / 2], ns[static_cast<size_t>(ops * 0.99)]);
   std::fflush(stdout);
-  for (void* p : live) give(p);
+  mix.drain(give);
 }
 
 static void threads(int n, size_t size, int iters) {

@@ -2,9 +2,10 @@
 // 512 B to 8 MiB log-uniform, one seed, so that each allocator meets the same sequence of
 // sizes and choices. fill() allocates until `max_live` blocks are live; each step() after it
 // frees a random live block or allocates, with even odds, and frees when the cap is reached.
-// So the live set stays near the cap, and an operation is timed while the allocator holds
-// `max_live` blocks of many sizes (a walk with even odds from empty would hold only about the
-// square root of the steps taken, whatever the cap). Header-only and C++17, for nvcc too.
+// So the live set stays near the cap (it wanders below it by about the square root of the
+// steps), and an operation is timed while the allocator holds about `max_live` blocks of many
+// sizes; a walk with even odds from empty would hold only about the square root of the steps
+// taken, whatever the cap. Header-only and C++17, for nvcc too.
 #pragma once
 
 #include <cmath>

@@ -10,8 +10,9 @@
 // Prints one line per size: median and p99 nanoseconds per pair (timed in windows of kWindow
 // pairs, so the clock's own cost is not counted as allocator time), or for --mix the median
 // per operation of a random mix held near LIVE live blocks (random_mix.h: sizes 512 B to
-// 8 MiB, log-uniform, filled to LIVE first). With --threads, every thread runs the loop (of --size bytes, default 64 KiB) on
-// its own non-blocking stream and the line gives the total throughput in pairs per second;
+// 8 MiB, log-uniform, filled to LIVE first). With --threads, every thread runs the loop (of
+// --size bytes, default 64 KiB) on its own non-blocking stream and the line gives the total
+// throughput in pairs per second;
 // --no-streams makes no stream (cudaMalloc pairs only): a context with the legacy stream alone,
 // as in a legacy code, whose device fences order reuse without waiting (driver/driver_backend.h).
 // --repeat N times each size N times in one process, each timing between two runs of a fixed

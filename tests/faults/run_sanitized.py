@@ -45,6 +45,8 @@ def main():
             continue
         chosen.append(t)
     extra = dict(kv.split("=", 1) for kv in a.env)
+    # The checks that run a program of their own scale their timeouts by this too.
+    extra.setdefault("CUDALLOC_TEST_TIMEOUT_MULTIPLIER", str(a.timeout_multiplier))
 
     def run(t):
         env = dict(os.environ)

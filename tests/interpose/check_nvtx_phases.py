@@ -17,6 +17,9 @@
 """
 import collections, json, os, shutil, subprocess, sys, tempfile
 
+# Under a sanitizer (tests/faults/run_sanitized.py) programs run several times slower.
+SLOWDOWN = float(os.environ.get('CUDALLOC_TEST_TIMEOUT_MULTIPLIER', '1'))
+
 CONF = 'trace_nvtx:true'
 
 
@@ -35,7 +38,7 @@ def run(argv, trace=None, conf=CONF, injection=None, level=None, preload=None):
         env['NVTX_INJECTION64_PATH'] = injection
     if level:
         env['CUDALLOC_LOG_LEVEL'] = level
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
     print('$', ' '.join(argv), 'rc', p.returncode)
     if p.stderr.strip():
         print(p.stderr.strip())
@@ -99,7 +102,7 @@ def check_readers(path, expected, scripts_dir):
     want = collections.Counter(p.split('/')[0] for v in expected.values()
                                for ev, _, p in v if ev == 'alloc' and p != '-')
     p = subprocess.run([sys.executable, os.path.join(scripts_dir, 'cudalloc-trace'), 'summary',
-                        path, '--json'], capture_output=True, text=True, timeout=60)
+                        path, '--json'], capture_output=True, text=True, timeout=60 * SLOWDOWN)
     if p.returncode != 0:
         print('summary failed:', p.stderr)
         return False
@@ -108,13 +111,13 @@ def check_readers(path, expected, scripts_dir):
     print('summary phases (allocs):', have)
     ok = have == dict(want)
     t = subprocess.run([sys.executable, os.path.join(scripts_dir, 'cudalloc-trace'), 'summary',
-                        path], capture_output=True, text=True, timeout=60)
+                        path], capture_output=True, text=True, timeout=60 * SLOWDOWN)
     ok = ok and t.returncode == 0 and 'memory by NVTX phase' in t.stdout and 'forward' in t.stdout
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, 'run.json')
         e = subprocess.run([sys.executable, os.path.join(scripts_dir, 'cudalloc-trace'), 'export',
                             path, '--format', 'chrome', '-o', out], capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60 * SLOWDOWN)
         ok = ok and e.returncode == 0
         if e.returncode == 0:
             doc = json.load(open(out, encoding='utf-8'))

@@ -3,10 +3,13 @@
 cached allocations and the segments (the allocator's one observer feeds both)."""
 import os, subprocess, sys, tempfile
 
+# Under a sanitizer (tests/faults/run_sanitized.py) programs run several times slower.
+SLOWDOWN = float(os.environ.get('CUDALLOC_TEST_TIMEOUT_MULTIPLIER', '1'))
+
 with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, 'run.trace')
     p = subprocess.run(sys.argv[1:], env=dict(os.environ, CUDALLOC_TRACE=path),
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60 * SLOWDOWN)
     print('rc', p.returncode, p.stderr.strip())
     if p.returncode != 0:
         sys.exit(1)

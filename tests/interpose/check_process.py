@@ -25,6 +25,9 @@
 """
 import os, re, subprocess, sys, tempfile
 
+# Under a sanitizer (tests/faults/run_sanitized.py) programs run several times slower.
+SLOWDOWN = float(os.environ.get('CUDALLOC_TEST_TIMEOUT_MULTIPLIER', '1'))
+
 ALLOWED = ('libc.so', 'libm.so', 'libdl.so', 'libpthread.so', 'ld-linux')
 BAD_CONF = 'max_split_size_mb:banana'
 CUDA_ERROR_NOT_INITIALIZED = 3  # cuda.h
@@ -43,7 +46,7 @@ def needed(lib):
 
 def bad_config(exe, touches_cuda=True):
     env = dict(os.environ, CUDALLOC_CONF=BAD_CONF)
-    p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=30)
+    p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=30 * SLOWDOWN)
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     print('rc', p.returncode, 'stderr:', lines)
     if not touches_cuda:
@@ -58,7 +61,7 @@ def bad_config_atexit(exe):
     instead of waiting for the initialisation lock the exiting thread held (a hang before)."""
     env = dict(os.environ, CUDALLOC_CONF=BAD_CONF)
     try:
-        p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=20)
+        p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=20 * SLOWDOWN)
     except subprocess.TimeoutExpired:
         print('FAIL: the program hung at exit (the late CUDA calls waited for the init lock)')
         return 1
@@ -82,7 +85,7 @@ def tiny_limit(exe):
     """A per-device limit below the smallest segment is named at start-up, once per device,
     and every allocation then fails as out of memory (the program is told why)."""
     env = dict(os.environ, CUDALLOC_CONF='per_process_memory_fraction:1e-300', CUDALLOC_LOG_LEVEL='warn')
-    p = subprocess.run([exe, 'caching'], env=env, capture_output=True, text=True, timeout=30)
+    p = subprocess.run([exe, 'caching'], env=env, capture_output=True, text=True, timeout=30 * SLOWDOWN)
     warned = [l for l in p.stderr.splitlines() if 'below the smallest segment' in l]
     print('rc', p.returncode, 'warnings:', warned)
     return 0 if len(warned) == 1 and 'device 0' in warned[0] and 'CUDA_ERROR_OUT_OF_MEMORY' in warned[0] else 1
@@ -94,7 +97,7 @@ def traced(argv, passthrough=False):
         env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1')
         if passthrough:
             env['CUDALLOC_NO_CACHING'] = '1'
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
         print('rc', p.returncode)
         if p.returncode != 0:
             print(p.stdout, p.stderr)
@@ -147,7 +150,7 @@ def oom_records(want, argv):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, 'run.trace')
         env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1')
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
         print('rc', p.returncode)
         print(p.stderr)
         if p.returncode != 0:
@@ -166,7 +169,7 @@ def no_vmm(argv):
         path = os.path.join(d, 'run.trace')
         env = dict(os.environ, CUDALLOC_TRACE=path, CUDALLOC_STATS='1', CUDALLOC_LOG_LEVEL='warn',
                    CUDALLOC_CONF='expandable_segments:true', FAKE_CUDA_DEVICES='2', FAKE_CUDA_NO_VMM='1')
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
         print('rc', p.returncode)
         print(p.stderr)
         if p.returncode != 0:
@@ -199,7 +202,7 @@ def forgotten(scripts, argv):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, 'run.trace')
         p = subprocess.run(argv, env=dict(os.environ, CUDALLOC_TRACE=path), capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60 * SLOWDOWN)
         print('rc', p.returncode, p.stderr.strip())
         if p.returncode != 0:
             return 1
@@ -229,7 +232,7 @@ def profiled(argv):
         env.pop('CUDALLOC_PROFILE', None)
         if value is not None:
             env['CUDALLOC_PROFILE'] = value
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
         if p.returncode != 0:
             print('rc', p.returncode, p.stdout, p.stderr)
             return 1

@@ -12,10 +12,13 @@
 """
 import os, re, subprocess, sys, tempfile
 
+# Under a sanitizer (tests/faults/run_sanitized.py) programs run several times slower.
+SLOWDOWN = float(os.environ.get('CUDALLOC_TEST_TIMEOUT_MULTIPLIER', '1'))
+
 
 def run(argv, **extra):
     env = dict(os.environ, **extra)
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
     if p.returncode != 0:
         print(p.stderr)
         print('exit status', p.returncode)
@@ -82,7 +85,7 @@ def traced(exe, scripts):
         if counts.get('host_segment_alloc', 0) < 2:
             return 1
         p = subprocess.run([sys.executable, os.path.join(scripts, 'cudalloc-trace'), 'summary', path],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60 * SLOWDOWN)
         print(p.stdout, p.stderr)
         return p.returncode
 

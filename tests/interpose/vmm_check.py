@@ -6,10 +6,13 @@
 """
 import os, re, subprocess, sys
 
+# Under a sanitizer (tests/faults/run_sanitized.py) programs run several times slower.
+SLOWDOWN = float(os.environ.get('CUDALLOC_TEST_TIMEOUT_MULTIPLIER', '1'))
+
 
 def main(exe):
     env = dict(os.environ, CUDALLOC_STATS='1')
-    p = subprocess.run([exe, 'loop'], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([exe, 'loop'], env=env, capture_output=True, text=True, timeout=60 * SLOWDOWN)
     print(p.stderr)
     if p.returncode != 0:
         print('exit status', p.returncode)

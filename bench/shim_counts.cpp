@@ -13,7 +13,8 @@
 //       the runs of pairs whose allocation took the device lock.
 //   sweep --pairs P [--async]: the pairs mode at 512 B, 2 KiB, ... 1 GiB (powers of 4), one
 //       after the other in this process, each counted apart.
-//   mix --live L --ops O [--async]: a random mix (random_mix.h: 512 B to 8 MiB, log-uniform, held near L live).
+//   mix --live L --ops O [--async]: a random mix (random_mix.h: 512 B to 8 MiB, log-uniform,
+//       held near L live).
 //   threads --threads T --pairs P [--size N]: T threads started together, each making a
 //       non-blocking stream and P cudaMalloc pairs, then exiting.
 #include <dlfcn.h>

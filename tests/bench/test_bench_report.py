@@ -4,10 +4,9 @@ target row follow from the figures in the file, a size with no driver figure get
 made at several sizes is one target row judged on its worst size, a model run at a fixed batch gets
 rows of its own, a model whose rounds spread past the noise bound is shown but not judged, the
 thread-scaling rows come with the host's ceiling, the floor's rows give cudalloc's share and the
-bound on the 10x target, --section writes between its markers and keeps the rest of the page, --mix-only replaces the
-mix rows alone, and
-a results file that cannot be read or a malformed --batch gives one line and a non-zero exit
-status."""
+bound on the 10x target, --section writes between its markers and keeps the rest of the page,
+--mix-only replaces the mix rows alone, and a results file that cannot be read or a malformed
+--batch gives one line and a non-zero exit status."""
 import json
 import os
 import subprocess
